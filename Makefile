@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch==2.13.0 resolves to the local CPU build; the lock pins everything else.
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m lazyxla.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check lazyxla tests bench examples
+	$(BIN)/ruff check lazyxla tests bench examples
+
+test: lint
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+format: $(STAMP)
+	$(BIN)/ruff format lazyxla tests bench examples
+	$(BIN)/ruff check --fix lazyxla tests bench examples
+
+bench: $(STAMP)
+	$(BIN)/python bench/trace_overhead.py
+	$(BIN)/python bench/step.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,83 @@
+"""One typed registry of lazyxla's flags, read from the environment once at import.
+
+Each flag has an environment variable, a type, a default and help text. Hot paths read the parsed
+`FLAGS` object, never `os.environ`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    env: str
+    type: type
+    default: Any
+    help: str
+
+
+_FLAGS: dict[str, Flag] = {
+    "cpu_fallback": Flag(
+        "LAZYXLA_CPU_FALLBACK",
+        bool,
+        True,
+        "Run ops that have no lowering through eager PyTorch on CPU (counted as aten::<op>). "
+        "Set to 0 to raise an error naming the op instead.",
+    ),
+    "ir_debug": Flag(
+        "XLA_IR_DEBUG",
+        bool,
+        False,
+        "Record the user's source line on every IR node (shown in IR text and compile errors).",
+    ),
+    "metrics_file": Flag(
+        "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
+    ),
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse(name: str, flag: Flag, raw: str) -> Any:
+    if flag.type is bool:
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(
+            f"{flag.env}={raw!r} is not a boolean; use 1 or 0. ({name}: {flag.help})"
+        )
+    if flag.type is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{flag.env}={raw!r} is not an integer. ({name}: {flag.help})") from None
+    return raw
+
+
+class _Config:
+    """Parsed flag values; attribute access is a plain lookup."""
+
+    def __init__(self) -> None:
+        for name, flag in _FLAGS.items():
+            raw = os.environ.get(flag.env)
+            setattr(self, name, flag.default if raw is None else _parse(name, flag, raw))
+
+    def set(self, name: str, value: Any) -> None:
+        """Override a flag at run time (tests, `lazyxla.config.set`)."""
+        if name not in _FLAGS:
+            raise KeyError(f"unknown lazyxla flag {name!r}; known flags: {sorted(_FLAGS)}")
+        setattr(self, name, value)
+
+    def describe(self) -> str:
+        return "\n".join(
+            f"{f.env:28} {getattr(self, n)!r:10} {f.help}" for n, f in _FLAGS.items()
+        )
+
+
+FLAGS = _Config()

@@ -1,0 +1,380 @@
+"""PrivateUse1 kernels: each aten op on a lazy tensor becomes an IR node, nothing runs.
+
+For every op with a lowering, one kernel is built from the op's schema: it classifies the arguments once
+(tensor, tensor list, scalar, static), and per call turns tensors into IR inputs, lifts Python scalars to
+graph inputs (see Note [Graph hashing]), takes the output specs from PyTorch's own meta kernels (cached per
+argument signature, so a training step pays for shape inference only once), and returns fresh lazy
+tensors. In-place and view variants are derived from the functional rule (see Note [Views and mutation]).
+Ops with neither a lowering nor a decomposition go to the CPU fallback in fallback.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch._ops import OpOverload
+
+from . import metrics, runtime
+from .ir import Node, Ref, TensorSpec, scalar
+from .ops.registry import LOWERINGS, Lowering
+from .tensor import (
+    DEVICE_TYPE,
+    ViewOp,
+    new_tensor,
+    new_view,
+    read,
+    state,
+    write,
+)
+
+aten = torch.ops.aten
+_lib = torch.library.Library("aten", "IMPL")
+
+# Argument kinds, decided once per op from its schema.
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, LIFT, STATIC, GENERATOR = range(9)
+
+
+class ArgSpec:
+    __slots__ = ("name", "kind", "kwarg_only", "default", "has_default", "is_write", "is_list_write")
+
+    def __init__(self, arg: Any, lw: Lowering | None) -> None:
+        t = str(arg.type)
+        self.name: str = arg.name
+        self.kwarg_only: bool = arg.kwarg_only
+        self.has_default: bool = arg.has_default_value()
+        self.default = arg.default_value if self.has_default else None
+        self.is_write = bool(arg.alias_info and arg.alias_info.is_write)
+        self.is_list_write = self.is_write and t.startswith("List[")
+        static = lw.static if lw else frozenset()
+        lift = lw.lift if lw else frozenset()
+        if t == "Tensor":
+            self.kind = TENSOR
+        elif t == "Optional[Tensor]":
+            self.kind = OPT_TENSOR
+        elif t == "List[Tensor]":
+            self.kind = TENSOR_LIST
+        elif t == "List[Optional[Tensor]]":
+            self.kind = OPT_TENSOR_LIST
+        elif t in ("number", "Optional[number]") and arg.name not in static:
+            self.kind = SCALAR
+        elif t == "List[number]" and arg.name not in static:
+            self.kind = SCALAR_LIST
+        elif arg.name in lift:
+            self.kind = LIFT
+        elif t == "Optional[Generator]":
+            self.kind = GENERATOR
+        else:
+            self.kind = STATIC
+
+
+def bind(specs: list[ArgSpec], args: tuple, kwargs: dict) -> list[Any]:
+    """Arguments in schema order, defaults filled in."""
+    vals = list(args)
+    for s in specs[len(args) :]:
+        vals.append(kwargs[s.name] if s.name in kwargs else s.default)
+    return vals
+
+
+# --- shape inference: PyTorch's meta kernels, cached per argument signature -----------------------
+
+
+def _sig(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.dtype, v.device.type)
+    if isinstance(v, (list, tuple)):
+        return tuple(_sig(x) for x in v)
+    if isinstance(v, float):
+        return (float,)  # a scalar's value never changes a shape; its type changes a dtype
+    if isinstance(v, torch.Generator):
+        return None
+    return v
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "cpu" and v.dim() == 0:
+            return v  # keeps the wrapped-number flag, which changes type promotion
+        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.Generator):
+        return None
+    if isinstance(v, torch.device):
+        return torch.device("meta")
+    return v
+
+
+def _meta_specs(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return TensorSpec(tuple(out.shape), out.dtype)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_meta_specs(o) for o in out)
+    return out
+
+
+_META_CACHE: dict[tuple, Any] = {}
+
+
+def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`."""
+    key = (op, *[_sig(v) for v in vals])
+    hit = _META_CACHE.get(key)
+    if hit is not None:
+        return hit
+    args, kwargs = [], {}
+    for s, v in zip(specs, vals):
+        if s.kwarg_only:
+            kwargs[s.name] = _to_meta(v)
+        else:
+            args.append(_to_meta(v))
+    out = _meta_specs(op(*args, **kwargs))
+    _META_CACHE[key] = out
+    return out
+
+
+# --- recording -----------------------------------------------------------------------------------
+
+
+def _flat_specs(struct: Any, acc: list[TensorSpec]) -> None:
+    if isinstance(struct, TensorSpec):
+        acc.append(struct)
+    elif isinstance(struct, (list, tuple)):
+        for s in struct:
+            _flat_specs(s, acc)
+
+
+def _wrap_outputs(node: Node, struct: Any, counter: list[int]) -> Any:
+    if isinstance(struct, TensorSpec):
+        i = counter[0]
+        counter[0] += 1
+        return new_tensor((node, i), struct)
+    if isinstance(struct, (list, tuple)):
+        return type(struct)(_wrap_outputs(node, s, counter) for s in struct)
+    return struct
+
+
+def _is_unit(v: Any) -> bool:
+    return type(v) is bool or (v == 0 or v == 1)
+
+
+class Recorder:
+    """Turns one call's arguments into (inputs, template) for a node."""
+
+    __slots__ = ("inputs", "ref")
+
+    def __init__(self, ref: torch.Tensor | None) -> None:
+        self.inputs: list[tuple[Node, int]] = []
+        self.ref = ref  # the tensor whose dtype anchors lifted scalars' dtypes
+
+    def tensor(self, t: Any) -> Any:
+        if t is None:
+            return None
+        if not isinstance(t, torch.Tensor):  # a Python number in a Tensor slot (wrapped number)
+            return self.lift(t, torch.get_default_dtype())
+        if t.device.type == DEVICE_TYPE:
+            self.inputs.append(read(state(t)))
+            return Ref(len(self.inputs) - 1)
+        if t.dim() == 0:
+            dtype = torch.result_type(self.ref, t) if self.ref is not None else t.dtype
+            value = t.item()
+            if _is_unit(value):
+                return value
+            self.inputs.append((scalar(value, dtype), 0))
+            return Ref(len(self.inputs) - 1)
+        # A CPU tensor among device tensors: move it over, counted like any transfer.
+        arr = runtime.host_to_device(t)
+        from .ir import device_data
+
+        self.inputs.append((device_data(arr, TensorSpec(tuple(t.shape), t.dtype)), 0))
+        return Ref(len(self.inputs) - 1)
+
+    def lift(self, v: Any, dtype: torch.dtype) -> Any:
+        if v is None or isinstance(v, bool) or _is_unit(v) or not isinstance(v, (int, float)):
+            return v
+        if self.ref is not None:
+            dtype = torch.result_type(self.ref, v)
+        self.inputs.append((scalar(v, dtype), 0))
+        return Ref(len(self.inputs) - 1)
+
+
+def _first_tensor(vals: list[Any], specs: list[ArgSpec]) -> torch.Tensor | None:
+    for s, v in zip(specs, vals):
+        if s.kind == TENSOR and v is not None and v.device.type == DEVICE_TYPE:
+            return v
+        if s.kind in (TENSOR_LIST, OPT_TENSOR_LIST) and v:
+            for x in v:
+                if x is not None and x.device.type == DEVICE_TYPE:
+                    return x
+    for s, v in zip(specs, vals):
+        if s.kind == TENSOR and v is not None:
+            return v
+    return None
+
+
+def record(
+    name: str, lw: Lowering, specs: list[ArgSpec], vals: list[Any], out_struct: Any
+) -> tuple[Node, Any]:
+    """Build the node for one call; returns it and the output structure of lazy tensors."""
+    flat: list[TensorSpec] = []
+    _flat_specs(out_struct, flat)
+    rec = Recorder(_first_tensor(vals, specs))
+    lift_dtype = flat[0].dtype if flat else torch.float32
+    args: list[Any] = []
+    kwargs: list[tuple[str, Any]] = []
+    for s, v in zip(specs, vals):
+        k = s.kind
+        if k == TENSOR or k == OPT_TENSOR:
+            x = rec.tensor(v)
+        elif k == TENSOR_LIST or k == OPT_TENSOR_LIST:
+            x = tuple(rec.tensor(t) for t in v)
+        elif k == SCALAR:
+            x = rec.lift(v, lift_dtype)
+        elif k == SCALAR_LIST:
+            x = tuple(rec.lift(e, lift_dtype) for e in v)
+        elif k == LIFT:
+            x = v
+            if isinstance(v, float) and not _is_unit(v):
+                rec.inputs.append((scalar(v, torch.float64), 0))
+                x = Ref(len(rec.inputs) - 1)
+        elif k == GENERATOR:
+            continue
+        else:
+            x = tuple(v) if isinstance(v, list) else v
+        if s.kwarg_only:
+            kwargs.append((s.name, x))
+        else:
+            args.append(x)
+    if lw.random:
+        from . import random_state
+
+        seed, offset = random_state.next_offset()
+        rec.inputs.append((scalar(seed, torch.int64), 0))
+        rec.inputs.append((scalar(offset, torch.int64), 0))
+        kwargs.append(("key", (Ref(len(rec.inputs) - 2), Ref(len(rec.inputs) - 1))))
+    node = Node(name, lw.rule, tuple(rec.inputs), tuple(args), tuple(kwargs), tuple(flat))
+    return node, _wrap_outputs(node, out_struct, [0])
+
+
+def emit(
+    name: str,
+    rule: Callable[..., Any],
+    inputs: tuple[tuple[Node, int], ...],
+    args: tuple,
+    spec: TensorSpec,
+) -> tuple[Node, int]:
+    """A single-output node from already-recorded values (view replay, scatter, casts)."""
+    return (Node(name, rule, inputs, args, (), (spec,)), 0)
+
+
+# --- kernels -------------------------------------------------------------------------------------
+
+_lazy_tracing = "LazyTracing"
+
+
+def _op_name(op: OpOverload) -> str:
+    return "aten::" + op._schema.name.split("::", 1)[1]
+
+
+def _counter_name(op: OpOverload) -> str:
+    return "xla::" + op._schema.name.split("::", 1)[1]
+
+
+def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
+    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    name, counter = _op_name(op), _counter_name(op)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        metrics.counter_inc(counter)
+        vals = bind(specs, args, kwargs)
+        out_struct = infer(op, specs, vals)
+        _, out = record(name, lw, specs, vals, out_struct)
+        metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+        return out
+
+    kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
+    return kernel
+
+
+def cast_value(v: tuple[Node, int], spec: TensorSpec) -> tuple[Node, int]:
+    """`v` converted to `spec` (dtype cast, then broadcast), as a write into `spec` needs."""
+    from .ops.creation import convert_rule, expand_rule
+
+    src = v[0].specs[v[1]]
+    if src.dtype != spec.dtype:
+        v = emit("aten::_to_copy", convert_rule, (v,), (Ref(0), spec.dtype), TensorSpec(src.shape, spec.dtype))
+    if src.shape != spec.shape:
+        v = emit("aten::expand", expand_rule, (v,), (Ref(0), spec.shape), spec)
+    return v
+
+
+def _write_result(target: torch.Tensor, result: torch.Tensor) -> None:
+    ts = state(target)
+    write(ts, cast_value(read(state(result)), ts.spec))
+
+
+def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
+    """`add_` from `add`: compute functionally, then write each mutated argument."""
+    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    fspecs = [ArgSpec(a, lw) for a in functional._schema.arguments]
+    writes = [i for i, s in enumerate(specs) if s.is_write]
+    name, counter = _op_name(functional), _counter_name(op)
+    returns_self = len(op._schema.returns) > 0
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        metrics.counter_inc(counter)
+        vals = bind(specs, args, kwargs)
+        infer(op, specs, vals)  # PyTorch's own checks (broadcast into self, dtype casts)
+        out_struct = infer(functional, fspecs, vals)
+        _, out = record(name, lw, fspecs, vals, out_struct)
+        if len(writes) == 1 and not specs[writes[0]].is_list_write:
+            _write_result(vals[writes[0]], out if isinstance(out, torch.Tensor) else out[0])
+        else:
+            results = out if len(writes) > 1 else (out,)
+            for i, res in zip(writes, results):
+                targets = vals[i] if specs[i].is_list_write else (vals[i],)
+                res = res if specs[i].is_list_write else (res,)
+                for t, r in zip(targets, res):
+                    _write_result(t, r)
+        metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+        if returns_self:
+            return vals[writes[0]]
+        return None
+
+    return kernel
+
+
+def view_kernel(
+    op: OpOverload, lw: Lowering, scatter: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    """A view op: the output aliases its input (see Note [Views and mutation])."""
+    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    name, counter = _op_name(op), _counter_name(op)
+    scatter_name = name + "_scatter"
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        metrics.counter_inc(counter)
+        vals = bind(specs, args, kwargs)
+        out_spec = infer(op, specs, vals)
+        statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
+        in_spec = state(vals[0]).spec
+
+        def apply(v: tuple[Node, int]) -> tuple[Node, int]:
+            return emit(name, lw.rule, (v,), (Ref(0), *statics), out_spec)
+
+        do_scatter = None
+        if scatter is not None:
+
+            def do_scatter(parent: tuple[Node, int], new: tuple[Node, int]) -> tuple[Node, int]:
+                return emit(scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec)
+
+        return new_view(vals[0], ViewOp(name, apply, do_scatter), out_spec)
+
+    return kernel
+
+
+def register_kernel(op: OpOverload, kernel: Callable[..., Any]) -> None:
+    _lib.impl(op, kernel, "PrivateUse1")

@@ -1,0 +1,113 @@
+"""The CPU fallback: an op without a lowering runs through eager PyTorch on CPU.
+
+Inputs are synced and copied to the host, the op runs there, results are copied back, and arguments the
+op mutates get their new values written back (so in-place and `out=` ops keep their semantics). Each op
+bumps counter `aten::<op>` and warns once. With `LAZYXLA_CPU_FALLBACK=0` it raises instead, naming the op
+and the user's source line.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from . import metrics
+from .config import FLAGS
+from .ir import _user_frame
+from .tensor import DEVICE_TYPE, state, write
+
+_warned: set[str] = set()
+_lib = torch.library.Library("_", "IMPL")
+
+
+class NoLoweringError(NotImplementedError):
+    pass
+
+
+def _to_cpu(v: Any) -> Any:
+    from .ops.special import download
+
+    if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE:
+        out = download(v)
+        return out.requires_grad_(False)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu(x) for x in v)
+    if isinstance(v, torch.device) and v.type == DEVICE_TYPE:
+        return torch.device("cpu")
+    return v
+
+
+def _to_device(v: Any) -> Any:
+    from .ops.special import upload
+
+    if isinstance(v, torch.Tensor):
+        return upload(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_device(x) for x in v)
+    return v
+
+
+def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+    name = op._schema.name.split("::", 1)[-1]
+    if not FLAGS.cpu_fallback:
+        src = _user_frame()
+        raise NoLoweringError(
+            f"aten::{name} ({op._overloadname}) has no lazyxla lowering (called at {src}); add "
+            f"@lowering(aten.{name}.{op._overloadname}) in lazyxla/_src/ops/<family>.py, or set "
+            "LAZYXLA_CPU_FALLBACK=1 to run it on the CPU"
+        )
+    metrics.counter_inc(f"aten::{name}")
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"lazyxla: aten::{name} has no lowering and runs on the CPU (inputs are synced and "
+            f"copied); counted as 'aten::{name}' in lazyxla.debug.metrics",
+            stacklevel=2,
+        )
+    if "device" in kwargs:
+        kwargs = dict(kwargs)
+    cpu_args = _to_cpu(args)
+    cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    out = op(*cpu_args, **cpu_kwargs)
+    # Write back every argument the op mutates.
+    schema_args = op._schema.arguments
+    returned_alias: dict[int, torch.Tensor] = {}
+    for i, a in enumerate(schema_args):
+        if not (a.alias_info and a.alias_info.is_write):
+            continue
+        orig = args[i] if i < len(args) else kwargs.get(a.name)
+        new = cpu_args[i] if i < len(args) else cpu_kwargs.get(a.name)
+        if orig is None:
+            continue
+        origs = orig if isinstance(orig, (list, tuple)) else [orig]
+        news = new if isinstance(new, (list, tuple)) else [new]
+        for o, n in zip(origs, news):
+            _assign(o, n)
+            returned_alias[id(n)] = o
+    return _wrap(out, returned_alias)
+
+
+def _assign(target: torch.Tensor, cpu_value: torch.Tensor) -> None:
+    from .ops.special import upload
+
+    new = upload(cpu_value)
+    if tuple(target.shape) != tuple(cpu_value.shape):
+        target.data = new  # an out= argument resized by the op
+        return
+    write(state(target), state(new).value)
+
+
+def _wrap(out: Any, aliases: dict[int, torch.Tensor]) -> Any:
+    if isinstance(out, torch.Tensor):
+        alias = aliases.get(id(out))
+        return alias if alias is not None else _to_device(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap(o, aliases) for o in out)
+    return out
+
+
+def install() -> None:
+    _lib.fallback(cpu_fallback, "PrivateUse1")

@@ -1,0 +1,153 @@
+"""Sync: capture the pending graph of live tensors, find or compile its executable, run it, bind results.
+
+# Note [Graph hashing]
+The cache key of a graph is built at sync time from the post-order of the nodes reachable from the roots.
+Each node contributes its descriptor id (op, static arguments, output specs; interned once at record
+time, see ir.py) and the post-order *positions* of its inputs; leaves contribute only their spec (and
+sharding). Array data and lifted scalar values are inputs of the jitted function, never part of the key,
+so new data or a new learning rate reuses the executable. Numbering inputs by position is what tells
+`(a-b)+(b-a)` from `(a-b)+(a-b)` when `a` and `b` have the same spec: a hash built from specs alone
+would collide. Scalars are packed into one vector per dtype because a jitted call's cost grows with its
+argument count.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import jax
+import numpy as np
+
+from . import metrics
+from .ir import DEVICE_DATA, SCALAR, Node, device_data, post_order
+from .lower import Program
+from .runtime import jnp_dtype
+from .tensor import LazyState, bind_data, live_states, read
+
+
+class GraphCache:
+    """In-memory map from graph key to compiled executable."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+CACHE = GraphCache()
+_allow_execution = True
+
+
+class ExecutionNotAllowed(RuntimeError):
+    pass
+
+
+def set_allow_execution(allow: bool) -> None:
+    global _allow_execution
+    _allow_execution = allow
+
+
+class Capture:
+    """A pending graph, numbered: its key, its inputs, and where its outputs go."""
+
+    def __init__(self, states: list[LazyState]) -> None:
+        root_index: dict[tuple[int, int], int] = {}
+        root_values: list[tuple[Node, int]] = []
+        self.bindings: list[tuple[LazyState, int]] = []
+        for s in states:
+            v = s.value
+            k = (id(v[0]), v[1])
+            r = root_index.get(k)
+            if r is None:
+                r = root_index[k] = len(root_values)
+                root_values.append(v)
+            self.bindings.append((s, r))
+        self.root_values = root_values
+        nodes = post_order([n for n, _ in root_values])
+        pos: dict[int, int] = {}
+        parts: list[Any] = []
+        data: list[jax.Array] = []
+        scalars: dict[np.dtype, list[Any]] = {}
+        for i, n in enumerate(nodes):
+            pos[id(n)] = i
+            if n.op == DEVICE_DATA:
+                data.append(n.data)
+                parts.append(n.desc)
+            elif n.op == SCALAR:
+                scalars.setdefault(jnp_dtype(n.specs[0].dtype), []).append(n.data)
+                parts.append(n.desc)
+            elif n.inputs:
+                parts.append((n.desc, tuple([(pos[id(x)], k) for x, k in n.inputs])))
+            else:
+                parts.append(n.desc)
+        self.nodes = nodes
+        self.pos = pos
+        self.roots = [(pos[id(n)], k) for n, k in root_values]
+        self.key = (tuple(parts), tuple(self.roots))
+        self.data = data
+        self.scalars = [np.asarray(v, dtype=dt) for dt, v in scalars.items()]
+
+    def program(self) -> Program:
+        return Program(self.nodes, self.pos, self.roots)
+
+
+def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState]:
+    if tensors_states is None:
+        candidates = [s for s in live_states() if s.base is None or s.seen == s.base.version]
+    else:
+        candidates = list(tensors_states)
+        for s in candidates:
+            read(s)  # refresh stale views before capture
+    return [s for s in candidates if s.value[0].op != DEVICE_DATA]
+
+
+def compile_capture(cap: Capture) -> Any:
+    """The executable for `cap`, from the cache or freshly compiled (counted either way)."""
+    exe = CACHE.entries.get(cap.key)
+    if exe is not None:
+        metrics.counter_inc("CachedCompile")
+        return exe
+    metrics.counter_inc("UncachedCompile")
+    with metrics.timed("CompileTime"):
+        fn = jax.jit(cap.program().function())
+        exe = fn.lower(cap.data, cap.scalars).compile()
+    metrics.counter_inc("CreateCompileHandles")
+    CACHE.entries[cap.key] = exe
+    return exe
+
+
+def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
+    """Execute the pending values of `states` (all live tensors if None) and bind their data."""
+    pending = pending_states(states)
+    if not pending:
+        return
+    if not _allow_execution:
+        raise ExecutionNotAllowed(
+            "Function execution is not allowed: an operation forced the pending graph to run inside "
+            "a region compiled with full_graph=True (or after set_allow_execution(False))"
+        )
+    cap = Capture(pending)
+    metrics.metric_add("TensorsGraphSize", len(cap.nodes))
+    exe = compile_capture(cap)
+    t0 = time.perf_counter_ns()
+    outs = exe(cap.data, cap.scalars)
+    if wait:
+        jax.block_until_ready(outs)
+    metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
+    metrics.counter_inc("ExecuteComputation")
+    data_nodes = [
+        device_data(arr, n.specs[k]) for arr, (n, k) in zip(outs, cap.root_values, strict=True)
+    ]
+    for s, r in cap.bindings:
+        bind_data(s, data_nodes[r])
+
+
+def sync(wait: bool = False) -> None:
+    """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`)."""
+    metrics.counter_inc("MarkStep")
+    sync_states(None, wait=wait)

@@ -1,0 +1,219 @@
+"""The lazy IR: immutable nodes that record an op, its static arguments and its output specs.
+
+A value is `(node, output_index)`. A node never holds array data except the leaves: `xla::device_data`
+(a `jax.Array` already on the device) and lifted Python scalars, whose values are graph *inputs* and never
+part of the cache key. See Note [Graph hashing] in graph.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+import torch
+
+from .config import FLAGS
+
+
+class TensorSpec(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Ref(int):
+    """Placeholder in a node's argument template: the `k`-th entry of `node.inputs`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Ref({int(self)})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Ref and int.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return int.__hash__(self) ^ 0x5EF
+
+
+# Leaf kinds.
+DEVICE_DATA = "xla::device_data"
+SCALAR = "xla::device_data(scalar)"
+CONSTANT = "prim::Constant"
+
+_desc_ids: dict[tuple, int] = {}
+_desc_list: list[tuple] = []
+
+
+def intern_desc(desc: tuple) -> int:
+    """A small int per distinct node descriptor: the op, its statics and output specs."""
+    i = _desc_ids.get(desc)
+    if i is None:
+        i = _desc_ids[desc] = len(_desc_list)
+        _desc_list.append(desc)
+    return i
+
+
+class Node:
+    """One recorded op. Immutable after construction; `desc` is its data-free identity."""
+
+    __slots__ = ("op", "rule", "inputs", "args", "kwargs", "specs", "desc", "data", "src")
+
+    def __init__(
+        self,
+        op: str,
+        rule: Any,
+        inputs: tuple[tuple[Node, int], ...],
+        args: tuple,
+        kwargs: tuple,
+        specs: tuple[TensorSpec, ...],
+        desc_extra: Any = None,
+        data: Any = None,
+    ) -> None:
+        self.op = op
+        self.rule = rule
+        self.inputs = inputs
+        self.args = args
+        self.kwargs = kwargs
+        self.specs = specs
+        self.data = data
+        self.desc = intern_desc((op, args, kwargs, specs, desc_extra))
+        self.src = _user_frame() if FLAGS.ir_debug else None
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.inputs and self.op in (DEVICE_DATA, SCALAR, CONSTANT)
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {len(self.inputs)} inputs, {self.specs})"
+
+
+def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:
+    return Node(DEVICE_DATA, None, (), (), (), (spec,), desc_extra=sharding, data=array)
+
+
+def scalar(value: Any, dtype: torch.dtype) -> Node:
+    """A Python scalar lifted to a graph input (its value is not in the key)."""
+    return Node(SCALAR, None, (), (), (), (TensorSpec((), dtype),), data=value)
+
+
+def constant(value: Any, dtype: torch.dtype) -> Node:
+    """A Python scalar baked into the graph (0 and 1, and statics that shape the program)."""
+    return Node(CONSTANT, None, (), (value,), (), (TensorSpec((), dtype),))
+
+
+_SKIP_PREFIXES = (
+    __file__.rsplit("/", 2)[0],  # lazyxla itself
+    torch.__file__.rsplit("/", 1)[0],
+)
+
+
+def _user_frame() -> str | None:
+    """`file:line (function)` of the innermost frame outside lazyxla and torch."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_SKIP_PREFIXES) and not fn.startswith("<frozen"):
+            return f"{fn}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return None
+
+
+# --- text form, in the layout of torch_xla's _get_xla_tensors_text -------------------------------
+
+_SHORT_DTYPE = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "s64",
+    torch.int32: "s32",
+    torch.int16: "s16",
+    torch.int8: "s8",
+    torch.uint8: "u8",
+    torch.bool: "pred",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+}
+
+
+def shape_str(spec: TensorSpec) -> str:
+    dt = _SHORT_DTYPE.get(spec.dtype, str(spec.dtype).replace("torch.", ""))
+    dims = ",".join(str(d) for d in spec.shape)
+    if not spec.shape:
+        return f"{dt}[]"
+    layout = ",".join(str(i) for i in reversed(range(len(spec.shape))))
+    return f"{dt}[{dims}]{{{layout}}}"
+
+
+def node_shape_str(node: Node) -> str:
+    if len(node.specs) == 1:
+        return shape_str(node.specs[0])
+    return "(" + ", ".join(shape_str(s) for s in node.specs) + ")"
+
+
+def _static_str(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_static_str(x) for x in v) + ")"
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    return str(v)
+
+
+def post_order(roots: list[Node]) -> list[Node]:
+    """Nodes reachable from `roots`, inputs before users, in torch_xla's visiting order."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in roots:
+        if id(root) in seen:
+            continue
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            for inp, _ in node.inputs:
+                if id(inp) not in seen:
+                    stack.append((inp, False))
+    return order
+
+
+def to_text(roots: list[tuple[Node, int]]) -> str:
+    """The IR of `roots` as text: `%3 = f32[2,4]{1,0} aten::mm(%1, %2), xla_shape=..., ROOT=0`."""
+    order = post_order([n for n, _ in roots])
+    pos = {id(n): i for i, n in enumerate(order)}
+    root_of: dict[int, list[int]] = {}
+    for r, (n, _) in enumerate(roots):
+        root_of.setdefault(id(n), []).append(r)
+    lines = ["IR {"]
+    for i, n in enumerate(order):
+        shape = node_shape_str(n)
+        operands = ", ".join(
+            f"%{pos[id(inp)]}" + (f".{k}" if len(inp.specs) > 1 else "") for inp, k in n.inputs
+        )
+        name = DEVICE_DATA if n.op == SCALAR else n.op
+        line = f"  %{i} = {shape} {name}({operands})"
+        statics = [_static_str(a) for a in n.args if not _has_ref(a)] if n.op != CONSTANT else []
+        statics += [f"{k}={_static_str(v)}" for k, v in n.kwargs if not _has_ref(v)]
+        if statics:
+            line += ", " + ", ".join(statics)
+        line += f", xla_shape={shape}"
+        if n.src:
+            line += f", location={n.src}"
+        for r in root_of.get(id(n), ()):
+            line += f", ROOT={r}"
+        lines.append(line)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _has_ref(v: Any) -> bool:
+    if type(v) is Ref:
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_has_ref(x) for x in v)
+    return False

@@ -1,0 +1,108 @@
+"""Graph → one pure JAX function, interpreted over the post-order inside `jax.jit`.
+
+Each op runs its lowering rule under `jax.named_scope(<aten op>)`, so the HLO reads like the program.
+Outputs are cast to the dtypes PyTorch's meta kernels computed at record time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
+from .runtime import jnp_dtype
+
+# A program step: (kind, rule, input refs, args, kwargs, output dtypes, op name)
+DATA, SCAL, CONST, OP = range(4)
+
+
+class Program:
+    """The data-free structure of a graph: enough to build its JAX function."""
+
+    def __init__(self, nodes: list[Node], pos: dict[int, int], roots: list[tuple[int, int]]) -> None:
+        self.steps: list[tuple] = []
+        self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
+        scalar_slots: dict[np.dtype, int] = {}
+        for n in nodes:
+            if n.op == DEVICE_DATA:
+                self.steps.append((DATA,))
+            elif n.op == SCALAR:
+                dt = jnp_dtype(n.specs[0].dtype)
+                if dt not in scalar_slots:
+                    scalar_slots[dt] = len(self.scalar_dtypes)
+                    self.scalar_dtypes.append(dt)
+                self.steps.append((SCAL, scalar_slots[dt]))
+            elif n.op == CONSTANT:
+                self.steps.append((CONST, n.args[0], jnp_dtype(n.specs[0].dtype)))
+            else:
+                refs = tuple((pos[id(i)], k) for i, k in n.inputs)
+                dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
+                self.steps.append((OP, n.rule, refs, n.args, n.kwargs, dtypes, n.op, n.src))
+        self.roots = roots
+
+    def function(self) -> Callable[..., list[jax.Array]]:
+        steps, roots, n_dtypes = self.steps, self.roots, len(self.scalar_dtypes)
+
+        def run(data: list[jax.Array], scalars: list[jax.Array]) -> list[jax.Array]:
+            env: list[tuple] = []
+            di = 0
+            si = [0] * n_dtypes
+            for step in steps:
+                kind = step[0]
+                if kind == DATA:
+                    env.append((data[di],))
+                    di += 1
+                elif kind == SCAL:
+                    slot = step[1]
+                    env.append((scalars[slot][si[slot]],))
+                    si[slot] += 1
+                elif kind == CONST:
+                    env.append((jnp.asarray(step[1], step[2]),))
+                else:
+                    _, rule, refs, args, kwargs, dtypes, name, src = step
+                    ins = [env[p][k] for p, k in refs]
+                    a = [_subst(x, ins) for x in args]
+                    kw = {k: _subst(v, ins) for k, v in kwargs}
+                    with jax.named_scope(name.replace("::", ".")):
+                        try:
+                            out = rule(*a, **kw)
+                        except Exception as e:
+                            where = f" (recorded at {src})" if src else ""
+                            raise LoweringError(
+                                f"lowering {name}{where} failed: {type(e).__name__}: {e}"
+                            ) from e
+                    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+                    outs = _flatten(outs)
+                    env.append(
+                        tuple(
+                            o if o.dtype == dt else o.astype(dt)
+                            for o, dt in zip((jnp.asarray(o) for o in outs), dtypes)
+                        )
+                    )
+            return [env[p][k] for p, k in roots]
+
+        return run
+
+
+class LoweringError(RuntimeError):
+    """A lowering rule failed while building the graph's JAX function."""
+
+
+def _flatten(outs: tuple) -> tuple:
+    if any(isinstance(o, (list, tuple)) for o in outs):
+        flat: list[Any] = []
+        for o in outs:
+            flat.extend(o if isinstance(o, (list, tuple)) else (o,))
+        return tuple(flat)
+    return outs
+
+
+def _subst(x: Any, ins: list[jax.Array]) -> Any:
+    if type(x) is Ref:
+        return ins[x]
+    if type(x) is tuple and x and any(type(e) is Ref or type(e) is tuple for e in x):
+        return tuple(_subst(e, ins) for e in x)
+    return x

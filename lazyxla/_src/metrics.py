@@ -1,0 +1,251 @@
+"""Counters and metrics with torch_xla's names and report format.
+
+A *counter* is an integer (`UncachedCompile`, `xla::add`, `aten::nonzero`). A *metric* is a series of
+samples (`CompileTime` in nanoseconds, `TensorsGraphSize` as a count, `InboundData` in bytes). The report
+layout matches `torch_xla.debug.metrics.metrics_report()` (see `shared/golden/`): the lazy-core group first,
+then the runtime group, each sorted by name.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
+
+_MAX_SAMPLES = 1024
+_PERCENTILES = (0.01, 0.05, 0.10, 0.20, 0.50, 0.80, 0.90, 0.95, 0.99)
+
+# Names that torch_xla reports in its second (runtime / computation client) group.
+_RUNTIME_GROUP = frozenset(
+    {
+        "CompileTime",
+        "ExecuteTime",
+        "ExecuteReplicatedTime",
+        "InboundData",
+        "OutboundData",
+        "TransferFromDeviceTime",
+        "TransferToDeviceTime",
+        "CreateCompileHandles",
+        "CreateDataHandles",
+        "MarkStep",
+    }
+)
+
+# Unit of each metric; anything not listed is a plain number.
+_TIME = "time"
+_BYTES = "bytes"
+_NUMBER = "number"
+_UNITS = {
+    "CompileTime": _TIME,
+    "ExecuteTime": _TIME,
+    "LazyTracing": _TIME,
+    "TransferToDeviceTime": _TIME,
+    "TransferFromDeviceTime": _TIME,
+    "InboundData": _BYTES,
+    "OutboundData": _BYTES,
+}
+
+
+class _Metric:
+    __slots__ = ("samples", "total", "accumulator")
+
+    def __init__(self) -> None:
+        self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=_MAX_SAMPLES)
+        self.total = 0
+        self.accumulator = 0.0
+
+
+_lock = threading.Lock()
+_counters: dict[str, int] = {}
+_metrics: dict[str, _Metric] = {}
+
+
+def counter_inc(name: str, value: int = 1) -> None:
+    """Add `value` to counter `name` (created on first use)."""
+    _counters[name] = _counters.get(name, 0) + value
+
+
+def metric_add(name: str, value: float) -> None:
+    """Record one sample of metric `name`."""
+    with _lock:
+        m = _metrics.get(name)
+        if m is None:
+            m = _metrics[name] = _Metric()
+        m.samples.append((time.time(), float(value)))
+        m.total += 1
+        m.accumulator += value
+
+
+class timed:
+    """Context manager recording the elapsed wall time of its body as a sample, in nanoseconds."""
+
+    __slots__ = ("name", "t0")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> timed:
+        self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        metric_add(self.name, time.perf_counter_ns() - self.t0)
+
+
+def counter_value(name: str) -> int | None:
+    """The counter's value, or None if it was never incremented since the last clear."""
+    return _counters.get(name)
+
+
+def _ordered(names: Iterable[str]) -> list[str]:
+    names = list(names)
+    first = sorted(n for n in names if n not in _RUNTIME_GROUP)
+    second = sorted(n for n in names if n in _RUNTIME_GROUP)
+    return first + second
+
+
+def counter_names() -> list[str]:
+    return _ordered(n for n, v in _counters.items() if v)
+
+
+def metric_names() -> list[str]:
+    return _ordered(n for n, m in _metrics.items() if m.total)
+
+
+class MetricData(NamedTuple):
+    total_samples: int
+    accumulator: float
+    samples: tuple[tuple[float, float], ...]
+
+
+def metric_data(name: str) -> MetricData | None:
+    """`(total_samples, accumulator, ((timestamp, value), ...))`, as torch_xla returns it."""
+    m = _metrics.get(name)
+    if m is None or not m.total:
+        return None
+    return MetricData(m.total, m.accumulator, tuple(m.samples))
+
+
+def clear_counters() -> None:
+    _counters.clear()
+
+
+def clear_metrics() -> None:
+    with _lock:
+        _metrics.clear()
+
+
+def clear_all() -> None:
+    clear_counters()
+    clear_metrics()
+
+
+# --- formatting, matching torch_xla's HumanReadable* helpers -------------------------------------
+
+
+def format_duration(ns: float) -> str:
+    """`164749084` → `164ms749.084us`; `5450` → `005.450us`."""
+    us_total = ns / 1000.0
+    parts = []
+    for unit, size, width in (("d", 86400e6, 1), ("h", 3600e6, 2), ("m", 60e6, 2), ("s", 1e6, 2)):
+        if us_total >= size or parts:
+            q = int(us_total // size)
+            us_total -= q * size
+            parts.append(f"{q:0{width}d}{unit}")
+    ms = int(us_total // 1000)
+    if ms or parts:
+        us_total -= ms * 1000
+        parts.append(f"{ms:03d}ms")
+    parts.append(f"{us_total:07.3f}us")
+    return "".join(parts)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.2f}{unit}"
+        n /= 1024.0
+    raise AssertionError("unreachable")
+
+
+def _fmt(name: str, value: float) -> str:
+    unit = _UNITS.get(name, _NUMBER)
+    if unit == _TIME:
+        return format_duration(value)
+    if unit == _BYTES:
+        return format_bytes(value)
+    return f"{value:.2f}"
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    idx = min(len(sorted_values) - 1, int(math.floor(q * len(sorted_values))))
+    return sorted_values[idx]
+
+
+def _metric_block(name: str, m: _Metric) -> list[str]:
+    lines = [f"Metric: {name}", f"  TotalSamples: {m.total}", f"  Accumulator: {_fmt(name, m.accumulator)}"]
+    samples = list(m.samples)
+    if len(samples) > 1:
+        span = samples[-1][0] - samples[0][0]
+        if span > 0:
+            value_sum = sum(v for _, v in samples[1:])
+            lines.append(f"  ValueRate: {_fmt(name, value_sum / span)} / second")
+            lines.append(f"  Rate: {(len(samples) - 1) / span:.6g} / second")
+    values = sorted(v for _, v in samples)
+    pct = "; ".join(f"{int(q * 100)}%={_fmt(name, _percentile(values, q))}" for q in _PERCENTILES)
+    lines.append(f"  Percentiles: {pct}")
+    return lines
+
+
+def _report(metric_filter: list[str] | None, counter_filter: list[str] | None) -> str:
+    lines: list[str] = []
+    if metric_filter is None or counter_filter is None:
+        mnames, cnames = metric_names(), counter_names()
+        for group in (False, True):
+            for n in mnames:
+                if (n in _RUNTIME_GROUP) == group:
+                    lines.extend(_metric_block(n, _metrics[n]))
+            for n in cnames:
+                if (n in _RUNTIME_GROUP) == group:
+                    lines.extend((f"Counter: {n}", f"  Value: {_counters[n]}"))
+    else:
+        # A filtered report keeps the order the caller asked for, as torch_xla's does.
+        for n in metric_filter:
+            m = _metrics.get(n)
+            if m is not None and m.total:
+                lines.extend(_metric_block(n, m))
+        fallbacks = sorted(n for n in _counters if n.startswith("aten::"))
+        for n in [*counter_filter, *fallbacks]:
+            if _counters.get(n):
+                lines.extend((f"Counter: {n}", f"  Value: {_counters[n]}"))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def metrics_report() -> str:
+    """Every metric and counter, in torch_xla's report format."""
+    return _report(None, None)
+
+
+def short_metrics_report(
+    counter_names: list[str] | None = None, metric_names: list[str] | None = None
+) -> str:
+    """The metrics a user looks at first, plus every CPU fallback counter (`aten::*`)."""
+    if metric_names is None:
+        metric_names = [
+            "CompileTime",
+            "ExecuteTime",
+            "ExecuteReplicatedTime",
+            "TransferToDeviceTime",
+            "TransferFromDeviceTime",
+        ]
+    if counter_names is None:
+        counter_names = ["CachedCompile", "MarkStep"]
+    return _report(metric_names, counter_names)
+
+
+def executed_fallback_ops() -> list[str]:
+    """Names of the ops that ran through the CPU fallback since the last clear."""
+    return sorted(n[len("aten::") :] for n, v in _counters.items() if v and n.startswith("aten::"))

@@ -1,0 +1,91 @@
+"""Op families and their installation as PrivateUse1 kernels.
+
+`install()` registers, for every lowered functional op, its kernel and the kernels derived from it: the
+in-place variant (`add_` from `add`) and the `out=` variant (`add.out`). View ops get view kernels.
+Ops listed in `DECOMPOSE` run PyTorch's decomposition at record time on lazy tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._ops import OpOverload
+
+from . import (  # noqa: F401  (importing registers the lowerings)
+    creation,
+    elementwise,
+    foreach,
+    indexing,
+    linalg,
+    nn,
+    random,
+    reduction,
+    shape,
+)
+from .registry import LOWERINGS
+
+aten = torch.ops.aten
+
+
+def _writes(op: OpOverload) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
+    name = op._schema.name.split("::", 1)[1]
+    if not name.endswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    if packet is None:
+        return None
+    return getattr(packet, op._overloadname, None)
+
+
+def _functional_of_out(op: OpOverload) -> OpOverload | None:
+    """`add.out` → `add.Tensor`: the overload whose arguments are the out variant's minus `out`."""
+    names = [a.name for a in op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+    packet = getattr(aten, op._schema.name.split("::", 1)[1])
+    for ov in packet.overloads():
+        f = getattr(packet, ov)
+        if not _writes(f) and [a.name for a in f._schema.arguments] == names:
+            return f
+    return None
+
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from .. import dispatch
+    from . import special
+    from .shape import SCATTERS, VIEWS
+
+    functional = {op: lw for op, lw in LOWERINGS.items() if not _writes(op)}
+    for op, lw in functional.items():
+        if op in VIEWS:
+            dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
+        else:
+            dispatch.register_kernel(op, dispatch.functional_kernel(op, lw))
+    # Derived variants: every in-place and out= overload of a lowered packet.
+    packets = {op._schema.name.split("::", 1)[1] for op in functional}
+    for name in packets:
+        for variant_name in (name + "_", name):
+            packet = getattr(aten, variant_name, None)
+            if packet is None:
+                continue
+            for ov in packet.overloads():
+                op = getattr(packet, ov)
+                if op in LOWERINGS or op in special.OVERRIDES or not _writes(op):
+                    continue
+                f = _functional_of_inplace(op) if variant_name.endswith("_") else None
+                if f is None:
+                    f = _functional_of_out(op)
+                if f is not None and f in functional:
+                    dispatch.register_kernel(op, dispatch.inplace_kernel(op, f, functional[f]))
+    for op, lw in LOWERINGS.items():
+        if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
+            dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))
+    special.install()

@@ -1,0 +1,131 @@
+"""Factories and dtype conversion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+
+from ..runtime import jnp_dtype
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def convert_rule(x: Any, dtype: torch.dtype) -> Any:
+    return x.astype(jnp_dtype(dtype))
+
+
+def expand_rule(x: Any, size: tuple[int, ...], implicit: bool = False) -> Any:
+    size = tuple(s if s != -1 else x.shape[i - (len(size) - x.ndim)] for i, s in enumerate(size))
+    return jnp.broadcast_to(x, size)
+
+
+def _dt(dtype: torch.dtype | None) -> Any:
+    return jnp_dtype(dtype if dtype is not None else torch.get_default_dtype())
+
+
+@lowering(aten.empty.memory_format)
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(size, _dt(dtype))
+
+
+@lowering(aten.empty_strided.default)
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, _dt(dtype))
+
+
+@lowering(aten.full.default)
+def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(size, fill_value, _dt(dtype))
+
+
+@lowering(aten.zeros.default)
+def zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, _dt(dtype))
+
+
+@lowering(aten.ones.default)
+def ones(size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(size, _dt(dtype))
+
+
+@lowering(aten.scalar_tensor.default)
+def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(s, _dt(dtype))
+
+
+@lowering(aten.fill.Scalar, aten.fill.Tensor)
+def fill(x, value):
+    return jnp.full(x.shape, value, x.dtype)
+
+
+@lowering(aten.zero.default)
+def zero(x):
+    return jnp.zeros_like(x)
+
+
+@lowering(aten.clone.default)
+def clone(x, memory_format=None):
+    return x
+
+
+@lowering(aten.copy.default)
+def copy(x, src, non_blocking=False):
+    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+
+
+@lowering(aten.lift_fresh_copy.default)
+def lift_fresh_copy(x):
+    return x
+
+
+@lowering(aten.full_like.default)
+def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.full(x.shape, fill_value, jnp_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@lowering(aten.zeros_like.default)
+def zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, jnp_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@lowering(aten.ones_like.default)
+def ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(x.shape, jnp_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@lowering(aten.empty_like.default)
+def empty_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, jnp_dtype(dtype) if dtype is not None else x.dtype)
+
+
+@lowering(aten.arange.start_step, static=("start", "end", "step"))
+def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.arange(start, end, step, dtype=_dt(dtype) if dtype is not None else None)
+
+
+@lowering(aten.arange.default, static=("end",))
+def arange_end(end, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.arange(end, dtype=_dt(dtype) if dtype is not None else None)
+
+
+@lowering(aten.arange.start, static=("start", "end"))
+def arange_start(start, end, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.arange(start, end, dtype=_dt(dtype) if dtype is not None else None)
+
+
+@lowering(aten.linspace.default, static=("start", "end"))
+def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.linspace(start, end, steps, dtype=_dt(dtype))
+
+
+@lowering(aten.eye.default)
+def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, dtype=_dt(dtype))
+
+
+@lowering(aten.eye.m)
+def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, m, dtype=_dt(dtype))

@@ -1,0 +1,314 @@
+"""Elementwise math, comparisons and activations (and their backward formulas)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import lowering, register
+
+aten = torch.ops.aten
+
+_UNARY = {
+    aten.abs.default: jnp.abs,
+    aten.neg.default: jnp.negative,
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.erf.default: jax.scipy.special.erf,
+    aten.erfc.default: jax.scipy.special.erfc,
+    aten.erfinv.default: jax.scipy.special.erfinv,
+    aten.reciprocal.default: jnp.reciprocal,
+    aten.sign.default: jnp.sign,
+    aten.sgn.default: jnp.sign,
+    aten.floor.default: jnp.floor,
+    aten.ceil.default: jnp.ceil,
+    aten.round.default: jnp.round,
+    aten.trunc.default: jnp.trunc,
+    aten.frac.default: lambda x: x - jnp.trunc(x),
+    aten.relu.default: jax.nn.relu,
+    aten.silu.default: jax.nn.silu,
+    aten.mish.default: jax.nn.mish,
+    aten.logical_not.default: jnp.logical_not,
+    aten.bitwise_not.default: lambda x: jnp.logical_not(x) if x.dtype == bool else ~x,
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isfinite.default: jnp.isfinite,
+    aten.lgamma.default: jax.scipy.special.gammaln,
+    aten.digamma.default: jax.scipy.special.digamma,
+    aten.square.default: jnp.square,
+    aten.signbit.default: jnp.signbit,
+    aten.positive.default: lambda x: x,
+    aten.deg2rad.default: jnp.deg2rad,
+    aten.rad2deg.default: jnp.rad2deg,
+    aten.i0.default: jax.scipy.special.i0,
+}
+
+_BINARY = {
+    aten.mul.Tensor: jnp.multiply,
+    aten.mul.Scalar: jnp.multiply,
+    aten.maximum.default: jnp.maximum,
+    aten.minimum.default: jnp.minimum,
+    aten.fmax.default: jnp.fmax,
+    aten.fmin.default: jnp.fmin,
+    aten.eq.Tensor: jnp.equal,
+    aten.eq.Scalar: jnp.equal,
+    aten.ne.Tensor: jnp.not_equal,
+    aten.ne.Scalar: jnp.not_equal,
+    aten.lt.Tensor: jnp.less,
+    aten.lt.Scalar: jnp.less,
+    aten.le.Tensor: jnp.less_equal,
+    aten.le.Scalar: jnp.less_equal,
+    aten.gt.Tensor: jnp.greater,
+    aten.gt.Scalar: jnp.greater,
+    aten.ge.Tensor: jnp.greater_equal,
+    aten.ge.Scalar: jnp.greater_equal,
+    aten.logical_and.default: jnp.logical_and,
+    aten.logical_or.default: jnp.logical_or,
+    aten.logical_xor.default: jnp.logical_xor,
+    aten.bitwise_and.Tensor: jnp.bitwise_and,
+    aten.bitwise_and.Scalar: jnp.bitwise_and,
+    aten.bitwise_or.Tensor: jnp.bitwise_or,
+    aten.bitwise_or.Scalar: jnp.bitwise_or,
+    aten.bitwise_xor.Tensor: jnp.bitwise_xor,
+    aten.bitwise_xor.Scalar: jnp.bitwise_xor,
+    aten.atan2.default: jnp.arctan2,
+    aten.hypot.default: jnp.hypot,
+    aten.copysign.Tensor: jnp.copysign,
+    aten.nextafter.default: jnp.nextafter,
+    aten.xlogy.Tensor: jax.scipy.special.xlogy,
+}
+
+for _op, _fn in _UNARY.items():
+    register(_op, lambda x, _fn=_fn: _fn(x))
+for _op, _fn in _BINARY.items():
+    register(_op, lambda x, y, _fn=_fn: _fn(x, y))
+
+
+def _pair(x, y):
+    """Bring a tensor and a (possibly lifted) scalar to one dtype, as PyTorch's kernels do."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if x.dtype != y.dtype:
+        dt = jnp.result_type(x, y)
+        if x.ndim and not y.ndim and jnp.issubdtype(x.dtype, jnp.inexact) == jnp.issubdtype(dt, jnp.inexact):
+            dt = x.dtype
+        x, y = x.astype(dt), y.astype(dt)
+    return x, y
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar)
+def add(x, y, alpha=1):
+    return x + y if alpha == 1 else x + y * alpha
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, y, alpha=1):
+    return x - y if alpha == 1 else x - y * alpha
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, y, alpha=1):
+    return y - x if alpha == 1 else y - x * alpha
+
+
+def _div(x, y, rounding_mode=None):
+    if rounding_mode is None:
+        if not jnp.issubdtype(jnp.result_type(x, y), jnp.inexact):
+            x = jnp.asarray(x, jnp.float32)
+        return jnp.true_divide(x, y)
+    q = jnp.true_divide(x, y) if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) else None
+    if rounding_mode == "trunc":
+        return jnp.trunc(q) if q is not None else lax.div(*_pair(x, y))
+    return jnp.floor(q) if q is not None else jnp.floor_divide(x, y)
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def div(x, y):
+    return _div(x, y)
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, y, rounding_mode=None):
+    return _div(x, y, rounding_mode)
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(x, y):
+    return _div(x, y, "floor")
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar)
+def remainder(x, y):
+    return jnp.remainder(x, y)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(x, y):
+    return jnp.fmod(x, y)
+
+
+@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar)
+def pow_(x, y):
+    if isinstance(y, (int, float)) and y == 2:
+        return x * x
+    return jnp.power(x, y)
+
+
+@lowering(aten.pow.Scalar)
+def pow_scalar(x, y):
+    return jnp.power(x, y)
+
+
+@lowering(aten.where.self)
+def where(cond, x, y):
+    return jnp.where(cond, x, y)
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    if min is not None:
+        x = jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
+    if max is not None:
+        x = jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
+    return x
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(x, end, weight):
+    return x + weight * (end - x)
+
+
+@lowering(aten.addcmul.default)
+def addcmul(x, t1, t2, value=1):
+    return x + value * t1 * t2
+
+
+@lowering(aten.addcdiv.default)
+def addcdiv(x, t1, t2, value=1):
+    return x + value * (t1 / t2)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lowering(aten.gelu.default)
+def gelu(x, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@lowering(aten.gelu_backward.default)
+def gelu_backward(grad, x, approximate="none"):
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
+    return vjp(grad)[0]
+
+
+@lowering(aten.silu_backward.default)
+def silu_backward(grad, x):
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@lowering(aten.sigmoid_backward.default)
+def sigmoid_backward(grad, y):
+    return grad * y * (1 - y)
+
+
+@lowering(aten.tanh_backward.default)
+def tanh_backward(grad, y):
+    return grad * (1 - y * y)
+
+
+@lowering(aten.threshold_backward.default)
+def threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.threshold.default)
+def threshold(x, threshold, value):
+    return jnp.where(x <= threshold, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lowering(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lowering(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    return jnp.where(x > 0, grad, grad * negative_slope)
+
+
+@lowering(aten.hardtanh.default)
+def hardtanh(x, min_val=-1, max_val=1):
+    return jnp.clip(x, min_val, max_val)
+
+
+@lowering(aten.hardtanh_backward.default)
+def hardtanh_backward(grad, x, min_val, max_val):
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.elu.default)
+def elu(x, alpha=1, scale=1, input_scale=1):
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@lowering(aten.softplus.default)
+def softplus(x, beta=1, threshold=20):
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
+
+
+@lowering(aten.hardsigmoid.default)
+def hardsigmoid(x):
+    return jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+@lowering(aten.hardswish.default)
+def hardswish(x):
+    return x * jnp.clip(x / 6 + 0.5, 0, 1)
+
+
+@lowering(aten.logit.default)
+def logit(x, eps=None):
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)

@@ -1,0 +1,152 @@
+"""`_foreach_*` ops and fused Adam/AdamW, derived from the elementwise rules."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from . import elementwise as ew
+from .registry import register
+
+aten = torch.ops.aten
+
+_BINARY = {
+    "add": ew.add,
+    "sub": ew.sub,
+    "mul": lambda x, y: x * y,
+    "div": lambda x, y: ew._div(x, y),
+    "maximum": lambda x, y: jnp.maximum(x, y),
+    "minimum": lambda x, y: jnp.minimum(x, y),
+    "pow": lambda x, y: jnp.power(x, y),
+    "clamp_min": lambda x, y: jnp.maximum(x, y),
+    "clamp_max": lambda x, y: jnp.minimum(x, y),
+}
+_UNARY = {
+    "sqrt": jnp.sqrt,
+    "neg": jnp.negative,
+    "exp": jnp.exp,
+    "log": jnp.log,
+    "abs": jnp.abs,
+    "sign": jnp.sign,
+    "reciprocal": jnp.reciprocal,
+    "zero": jnp.zeros_like,
+    "sigmoid": lambda x: 1 / (1 + jnp.exp(-x)),
+    "tanh": jnp.tanh,
+    "rsqrt": lambda x: 1 / jnp.sqrt(x),
+    "floor": jnp.floor,
+    "ceil": jnp.ceil,
+    "round": jnp.round,
+    "trunc": jnp.trunc,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+}
+
+
+def _binary(fn, kind):
+    if kind == "List":
+        return lambda xs, ys, alpha=1: [
+            fn(x, y, alpha) if alpha != 1 else fn(x, y) for x, y in zip(xs, ys)
+        ]
+    if kind == "ScalarList":
+        return lambda xs, ss: [fn(x, s) for x, s in zip(xs, ss)]
+    if kind == "Tensor":
+        return lambda xs, t, alpha=1: [fn(x, t, alpha) if alpha != 1 else fn(x, t) for x in xs]
+    return lambda xs, s: [fn(x, s) for x in xs]
+
+
+for _name, _fn in _BINARY.items():
+    _packet = getattr(aten, f"_foreach_{_name}")
+    for _kind in ("List", "Scalar", "ScalarList", "Tensor"):
+        if _kind in _packet.overloads():
+            register(getattr(_packet, _kind), _binary(_fn, _kind))
+
+for _name, _fn in _UNARY.items():
+    _packet = getattr(aten, f"_foreach_{_name}", None)
+    if _packet is not None and "default" in _packet.overloads():
+        register(_packet.default, lambda xs, _fn=_fn: [_fn(x) for x in xs])
+
+
+def _addc(op):
+    def scalar(xs, t1, t2, value=1):
+        return [op(x, a, b, value) for x, a, b in zip(xs, t1, t2)]
+
+    def scalar_list(xs, t1, t2, scalars):
+        return [op(x, a, b, s) for x, a, b, s in zip(xs, t1, t2, scalars)]
+
+    def tensor(xs, t1, t2, scalars):
+        return [op(x, a, b, scalars[i]) for i, (x, a, b) in enumerate(zip(xs, t1, t2))]
+
+    return scalar, scalar_list, tensor
+
+
+for _name, _op in (("addcmul", ew.addcmul), ("addcdiv", ew.addcdiv)):
+    _s, _sl, _t = _addc(_op)
+    _packet = getattr(aten, f"_foreach_{_name}")
+    register(_packet.Scalar, _s)
+    register(_packet.ScalarList, _sl)
+    register(_packet.Tensor, _t)
+
+register(aten._foreach_lerp.List, lambda xs, ends, ws: [ew.lerp(x, e, w) for x, e, w in zip(xs, ends, ws)])
+register(aten._foreach_lerp.Scalar, lambda xs, ends, w: [ew.lerp(x, e, w) for x, e in zip(xs, ends)])
+register(aten._foreach_copy.default, lambda xs, srcs, non_blocking=False: [
+    jnp.broadcast_to(s.astype(x.dtype), x.shape) for x, s in zip(xs, srcs)
+])
+
+
+def _norm(xs, ord=2, dtype=None):
+    from .reduction import vector_norm
+
+    return [vector_norm(x, ord, None, False, dtype) for x in xs]
+
+
+register(aten._foreach_norm.Scalar, _norm)
+
+
+def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+          weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, decoupled):
+    new_p, new_m, new_v, new_vmax = [], [], [], []
+    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        step = state_steps[i].astype(jnp.float32 if p.dtype != jnp.float64 else p.dtype)
+        if grad_scale is not None:
+            g = g / grad_scale
+        if maximize:
+            g = -g
+        if weight_decay != 0:
+            if decoupled:
+                p = p * (1 - lr * weight_decay)
+            else:
+                g = g + weight_decay * p
+        m = m + (g - m) * (1 - beta1)
+        v = v * beta2 + (1 - beta2) * g * g
+        bc1 = 1 - beta1**step
+        bc2 = 1 - beta2**step
+        step_size = lr / bc1
+        if amsgrad:
+            vmax = jnp.maximum(max_exp_avg_sqs[i], v)
+            new_vmax.append(vmax)
+            denom = jnp.sqrt(vmax) / jnp.sqrt(bc2) + eps
+        else:
+            denom = jnp.sqrt(v) / jnp.sqrt(bc2) + eps
+        upd = p - step_size * m / denom
+        if found_inf is not None:
+            skip = found_inf > 0
+            upd = jnp.where(skip, params[i], upd)
+            m = jnp.where(skip, exp_avgs[i], m)
+            v = jnp.where(skip, exp_avg_sqs[i], v)
+        new_p.append(upd.astype(params[i].dtype))
+        new_m.append(m.astype(exp_avgs[i].dtype))
+        new_v.append(v.astype(exp_avg_sqs[i].dtype))
+    if not amsgrad:
+        new_vmax = list(max_exp_avg_sqs)
+    return new_p, list(grads), new_m, new_v, new_vmax
+
+
+_FLOATS = ("lr", "beta1", "beta2", "weight_decay", "eps")
+for _packet, _decoupled in ((aten._fused_adam, False), (aten._fused_adamw, True)):
+    for _ov in ("default", "tensor_lr"):
+        if _ov in _packet.overloads():
+            register(
+                getattr(_packet, _ov),
+                lambda *a, _d=_decoupled, **k: _adam(*a, decoupled=_d, **k),
+                lift=_FLOATS,
+            )

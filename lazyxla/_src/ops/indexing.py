@@ -1,0 +1,143 @@
+"""Gather/scatter-style indexing: index, index_put, gather, scatter, index_select, masking."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def _d(dim, n):
+    return dim + n if dim < 0 else dim
+
+
+def _index_tuple(x, indices):
+    idx = []
+    for i in indices:
+        if i is None:
+            idx.append(slice(None))
+        elif i.dtype == jnp.bool_:
+            raise NotImplementedError("boolean mask indexing has a data-dependent shape")
+        else:
+            idx.append(i)
+    return tuple(idx)
+
+
+@lowering(aten.index.Tensor)
+def index(x, indices):
+    return x[_index_tuple(x, indices)]
+
+
+@lowering(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    idx = _index_tuple(x, indices)
+    values = values.astype(x.dtype)
+    return x.at[idx].add(values) if accumulate else x.at[idx].set(values)
+
+
+@lowering(aten._unsafe_index.Tensor)
+def unsafe_index(x, indices):
+    return x[_index_tuple(x, indices)]
+
+
+@lowering(aten._unsafe_index_put.default)
+def unsafe_index_put(x, indices, values, accumulate=False):
+    return index_put(x, indices, values, accumulate)
+
+
+@lowering(aten.index_select.default)
+def index_select(x, dim, index):
+    return jnp.take(x, index, axis=_d(dim, x.ndim) if x.ndim else None)
+
+
+@lowering(aten.gather.default)
+def gather(x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    return jnp.take_along_axis(x, index, axis=_d(dim, x.ndim))
+
+
+def _scatter_idx(x, dim, index):
+    dim = _d(dim, x.ndim)
+    grids = jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij")
+    grids[dim] = index
+    return tuple(grids)
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    if x.ndim == 0:
+        return jnp.asarray(src, x.dtype).reshape(())
+    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src[
+        tuple(slice(0, s) for s in index.shape)
+    ]
+    return x.at[_scatter_idx(x, dim, index)].set(src.astype(x.dtype))
+
+
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_(x, dim, index, src, reduce):
+    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src[
+        tuple(slice(0, s) for s in index.shape)
+    ]
+    ref = x.at[_scatter_idx(x, dim, index)]
+    return ref.add(src) if reduce == "add" else ref.multiply(src)
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    src = src[tuple(slice(0, s) for s in index.shape)]
+    return x.at[_scatter_idx(x, dim, index)].add(src.astype(x.dtype))
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    src = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
+    idx = _scatter_idx(x, dim, index)
+    if reduce == "sum":
+        return (x if include_self else x.at[idx].set(0)).at[idx].add(src)
+    if reduce == "prod":
+        return (x if include_self else x.at[idx].set(1)).at[idx].multiply(src)
+    if reduce == "amax":
+        base = x if include_self else x.at[idx].set(jnp.finfo(x.dtype).min if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min)
+        return base.at[idx].max(src)
+    if reduce == "amin":
+        base = x if include_self else x.at[idx].set(jnp.finfo(x.dtype).max if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max)
+        return base.at[idx].min(src)
+    if reduce == "mean":
+        ones = jnp.ones_like(src)
+        cnt = jnp.zeros_like(x).at[idx].add(ones)
+        base = x if include_self else x.at[idx].set(0)
+        s = base.at[idx].add(src)
+        cnt = cnt + (1 if include_self else 0)
+        out = s / jnp.maximum(cnt, 1)
+        return out if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(s, jnp.maximum(cnt, 1))
+    raise NotImplementedError(f"scatter_reduce with reduce={reduce!r}")
+
+
+@lowering(aten.index_add.default)
+def index_add(x, dim, index, source, alpha=1):
+    dim = _d(dim, x.ndim) if x.ndim else 0
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].add((source * alpha).astype(x.dtype)) if x.ndim else x + jnp.sum(source) * alpha
+
+
+@lowering(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    dim = _d(dim, x.ndim)
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(source.astype(x.dtype))
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    dim = _d(dim, x.ndim) if x.ndim else 0
+    if x.ndim == 0:
+        return jnp.asarray(value, x.dtype)
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(jnp.asarray(value, x.dtype))

@@ -1,0 +1,421 @@
+"""Neural-network ops: softmax, losses, normalization, convolution, pooling, embedding.
+
+Backward ops are lowered as the VJP of the forward rule where PyTorch's formula has no simpler form.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def _d(dim, n):
+    return dim + n if dim < 0 else dim
+
+
+@lowering(aten._softmax.default)
+def softmax(x, dim, half_to_float=False):
+    return jax.nn.softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+
+
+@lowering(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float=False):
+    return jax.nn.log_softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+
+
+@lowering(aten._softmax_backward_data.default)
+def softmax_backward(grad, y, dim, input_dtype):
+    d = _d(dim, y.ndim) if y.ndim else None
+    return y * (grad - jnp.sum(grad * y, axis=d, keepdims=True))
+
+
+@lowering(aten._log_softmax_backward_data.default)
+def log_softmax_backward(grad, y, dim, input_dtype):
+    d = _d(dim, y.ndim) if y.ndim else None
+    return grad - jnp.exp(y) * jnp.sum(grad, axis=d, keepdims=True)
+
+
+def _nll(x, target, weight, reduction, ignore_index):
+    # x: (N, C, ...) or (C,); target: (N, ...) or ()
+    cdim = 1 if x.ndim > 1 else 0
+    t = jnp.where(target == ignore_index, 0, target)
+    picked = -jnp.take_along_axis(x, jnp.expand_dims(t, cdim), axis=cdim).squeeze(cdim)
+    w = jnp.ones_like(picked) if weight is None else weight[t]
+    w = jnp.where(target == ignore_index, 0, w).astype(x.dtype)
+    loss = picked * w
+    if reduction == 0:
+        return loss, jnp.zeros((), x.dtype)
+    total = jnp.sum(w)
+    if reduction == 1:
+        return jnp.sum(loss) / total, total
+    return jnp.sum(loss), total
+
+
+@lowering(aten.nll_loss_forward.default)
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    return _nll(x, target, weight, reduction, ignore_index)
+
+
+@lowering(aten.nll_loss_backward.default)
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    _, vjp = jax.vjp(lambda v: _nll(v, target, weight, reduction, ignore_index)[0], x)
+    return vjp(grad.astype(x.dtype))[0]
+
+
+@lowering(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(x, target, weight, reduction, ignore_index):
+    return _nll(x, target, weight, reduction, ignore_index)
+
+
+@lowering(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    return nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight)
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (xf - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.astype(x.dtype), mean, rstd
+
+
+@lowering(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@lowering(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    def f(x_, w_, b_):
+        return _layer_norm(x_, normalized_shape, w_, b_, 0.0)[0]
+
+    # Recompute with the saved statistics' epsilon folded in: use the saved rstd directly.
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xhat = (x - mean) * rstd
+    w = jnp.ones(normalized_shape, x.dtype) if weight is None else weight
+    gx_hat = grad * w
+    n = 1
+    for s in normalized_shape:
+        n *= s
+    gx = rstd * (
+        gx_hat
+        - jnp.mean(gx_hat, axis=axes, keepdims=True)
+        - xhat * jnp.mean(gx_hat * xhat, axis=axes, keepdims=True)
+    )
+    red = tuple(range(x.ndim - len(normalized_shape)))
+    gw = jnp.sum(grad * xhat, axis=red) if weight is not None else None
+    gb = jnp.sum(grad, axis=red) if bias is not None else None
+    del f, n
+    return (
+        gx if output_mask[0] else None,
+        gw if output_mask[1] else None,
+        gb if output_mask[2] else None,
+    )
+
+
+@lowering(aten._fused_rms_norm.default)
+def fused_rms_norm(x, normalized_shape, weight, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    if eps is None:
+        eps = jnp.finfo(xf.dtype).eps
+    rstd = lax.rsqrt(jnp.mean(xf * xf, axis=axes, keepdims=True) + eps)
+    out = (xf * rstd).astype(x.dtype)
+    if weight is not None:
+        out = out * weight
+    return out, rstd
+
+
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1)
+    g = grad.reshape(idx.shape[0], -1)
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    out = jnp.zeros((num_weights, g.shape[1]), grad.dtype).at[idx].add(g)
+    return out
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    spatial = "DHW"[-nd:] if nd <= 3 else None
+    dn = lax.conv_dimension_numbers(
+        x.shape, w.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+    )
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    if len(stride) == 1:
+        stride = stride * nd
+    if len(padding) == 1:
+        padding = padding * nd
+    if len(dilation) == 1:
+        dilation = dilation * nd
+    if not transposed:
+        return lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            precision=lax.Precision.HIGHEST,
+        )
+    # Transposed conv = gradient of conv w.r.t. its input: dilate input by stride, flip the kernel.
+    op = list(output_padding) if output_padding else [0] * nd
+    if len(op) == 1:
+        op = op * nd
+    cin = w.shape[0]
+    w_ = w.reshape((groups, cin // groups) + w.shape[1:])
+    w_ = jnp.swapaxes(w_, 1, 2).reshape((w.shape[1] * groups, cin // groups) + w.shape[2:])
+    w_ = jnp.flip(w_, axis=tuple(range(2, 2 + nd)))
+    pads = [
+        (d * (k - 1) - p, d * (k - 1) - p + o)
+        for k, p, d, o in zip(w.shape[2:], padding, dilation, op)
+    ]
+    dn2 = lax.conv_dimension_numbers(x.shape, w_.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    return lax.conv_general_dilated(
+        x,
+        w_,
+        window_strides=[1] * nd,
+        padding=pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=dn2,
+        feature_group_count=groups,
+        precision=lax.Precision.HIGHEST,
+    )
+
+
+@lowering(aten.convolution.default)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out
+
+
+@lowering(aten.convolution_backward.default)
+def convolution_backward(
+    grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    _, vjp = jax.vjp(
+        lambda x_, w_: _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups),
+        x,
+        w,
+    )
+    gx, gw = vjp(grad)
+    gb = jnp.sum(grad, axis=(0,) + tuple(range(2, grad.ndim))) if output_mask[2] else None
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+def _pool_cfg(x, kernel_size, stride, padding, dilation=1):
+    nd = len(kernel_size)
+    stride = list(stride) if stride else list(kernel_size)
+    stride = stride * nd if len(stride) == 1 else stride
+    padding = list(padding) * nd if len(padding) == 1 else list(padding)
+    dilation = [dilation] * nd if isinstance(dilation, int) else list(dilation)
+    dilation = dilation * nd if len(dilation) == 1 else dilation
+    lead = x.ndim - nd
+    window = (1,) * lead + tuple(kernel_size)
+    strides = (1,) * lead + tuple(stride)
+    pads = ((0, 0),) * lead + tuple((p, p) for p in padding)
+    dil = (1,) * lead + tuple(dilation)
+    return window, strides, pads, dil
+
+
+def _ceil_extra(x, window, strides, pads, dil, ceil_mode):
+    if not ceil_mode:
+        return pads
+    new = []
+    for n, k, s, (lo, hi), d in zip(x.shape, window, strides, pads, dil):
+        eff = d * (k - 1) + 1
+        out_floor = (n + lo + hi - eff) // s + 1
+        out_ceil = -(-(n + lo + hi - eff) // s) + 1
+        if (out_ceil - 1) * s >= n + lo:
+            out_ceil -= 1
+        extra = max(0, (out_ceil - out_floor) * s)
+        new.append((lo, hi + extra))
+    return tuple(new)
+
+
+def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode):
+    window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding, dilation)
+    pads = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
+    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, window, strides, pads, window_dilation=dil)
+
+
+@lowering(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
+def max_pool_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    out = _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode)
+    # Indices: flat position in the input's spatial plane of each window's maximum.
+    nd = len(kernel_size)
+    spatial = x.shape[-nd:]
+    flat = jnp.arange(int(jnp.prod(jnp.array(spatial))), dtype=jnp.int64).reshape(spatial)
+    flat = jnp.broadcast_to(flat, x.shape)
+    window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding, dilation)
+    pads = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
+    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+
+    def sel(a, b):
+        av, ai = a
+        bv, bi = b
+        take_b = (bv > av) | ((bv == av) & (bi < ai))
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    _, idx = lax.reduce_window(
+        (x, flat),
+        (jnp.asarray(init, x.dtype), jnp.asarray(jnp.iinfo(jnp.int64).max, jnp.int64)),
+        sel,
+        window,
+        strides,
+        pads,
+        window_dilation=dil,
+    )
+    return out, idx
+
+
+@lowering(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default)
+def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    nd = len(kernel_size)
+    lead = x.shape[:-nd]
+    n = 1
+    for s in x.shape[-nd:]:
+        n *= s
+    g = grad.reshape(lead + (-1,))
+    idx = indices.reshape(lead + (-1,))
+    out = jnp.zeros(lead + (n,), grad.dtype)
+    out = jax.vmap(lambda o, i, v: o.at[i].add(v))(
+        out.reshape(-1, n), idx.reshape(-1, idx.shape[-1]), g.reshape(-1, g.shape[-1])
+    )
+    return out.reshape(x.shape)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding)
+    pads_c = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
+    s = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, pads_c)
+    if divisor_override:
+        return s / divisor_override
+    if count_include_pad:
+        # Padding counts, the ceil-mode overhang does not.
+        ones = jnp.pad(jnp.ones(x.shape, x.dtype), pads)
+        extra = tuple((0, c[1] - p[1]) for c, p in zip(pads_c, pads))
+        cnt = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, extra)
+    else:
+        cnt = lax.reduce_window(jnp.ones(x.shape, x.dtype), jnp.asarray(0, x.dtype), lax.add, window, strides, pads_c)
+    return s / cnt
+
+
+@lowering(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def avg_pool(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowering(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _, vjp = jax.vjp(
+        lambda v: _avg_pool(v, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override), x
+    )
+    return vjp(grad)[0]
+
+
+def _bn_stats_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _bshape(v, x):
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    axes = _bn_stats_axes(x)
+    xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    if training:
+        mean = jnp.mean(xf, axis=axes)
+        var = jnp.var(xf, axis=axes)
+        n = xf.size // xf.shape[1]
+        if running_mean is not None:
+            new_rm = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+            new_rv = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(running_var.dtype)
+        else:
+            new_rm, new_rv = running_mean, running_var
+    else:
+        mean, var = running_mean.astype(xf.dtype), running_var.astype(xf.dtype)
+        new_rm, new_rv = running_mean, running_var
+    rstd = lax.rsqrt(var + eps)
+    out = (xf - _bshape(mean, x)) * _bshape(rstd, x)
+    if weight is not None:
+        out = out * _bshape(weight, x)
+    if bias is not None:
+        out = out + _bshape(bias, x)
+    return out.astype(x.dtype), mean, rstd, new_rm, new_rv
+
+
+@lowering(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, mean, rstd, rm, rv = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    if not training:
+        mean, rstd = jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
+    return out, mean, rstd, rm, rv
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, *_ = _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return out, jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
+
+
+@lowering(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
+    axes = _bn_stats_axes(x)
+    if train:
+        mean, rstd = save_mean, save_invstd
+    else:
+        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
+    w = jnp.ones((x.shape[1],), x.dtype) if weight is None else weight
+    xhat = (x - _bshape(mean, x)) * _bshape(rstd, x)
+    gb = jnp.sum(grad, axis=axes)
+    gw = jnp.sum(grad * xhat, axis=axes)
+    if train:
+        n = x.size // x.shape[1]
+        gx = _bshape(w * rstd, x) * (grad - _bshape(gb / n, x) - xhat * _bshape(gw / n, x))
+    else:
+        gx = grad * _bshape(w * rstd, x)
+    return (
+        gx if output_mask[0] else None,
+        gw if output_mask[1] else None,
+        gb if output_mask[2] else None,
+    )
+
+
+@lowering(aten.mse_loss.default)
+def mse_loss(x, y, reduction=1):
+    d = jnp.square(x - y)
+    return d if reduction == 0 else (jnp.mean(d) if reduction == 1 else jnp.sum(d))
+
+
+@lowering(aten.mse_loss_backward.default)
+def mse_loss_backward(grad, x, y, reduction):
+    g = 2 * (x - y) * grad
+    return g / x.size if reduction == 1 else g

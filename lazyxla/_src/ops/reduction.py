@@ -1,0 +1,207 @@
+"""Reductions and scans."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..runtime import jnp_dtype
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def _dims(x, dim):
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return None
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(d + x.ndim if d < 0 else d for d in dim) if x.ndim else None
+
+
+def _acc(x, dtype):
+    if dtype is not None:
+        return x.astype(jnp_dtype(dtype))
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(jnp.int64)
+    return x
+
+
+@lowering(aten.sum.dim_IntList)
+def sum_(x, dim=None, keepdim=False, dtype=None):
+    return jnp.sum(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.sum.default)
+def sum_all(x, dtype=None):
+    return jnp.sum(_acc(x, dtype))
+
+
+@lowering(aten.mean.dim)
+def mean(x, dim=None, keepdim=False, dtype=None):
+    return jnp.mean(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.mean.default)
+def mean_all(x, dtype=None):
+    return jnp.mean(_acc(x, dtype))
+
+
+@lowering(aten.prod.dim_int)
+def prod(x, dim, keepdim=False, dtype=None):
+    return jnp.prod(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.prod.default)
+def prod_all(x, dtype=None):
+    return jnp.prod(_acc(x, dtype))
+
+
+@lowering(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.max.default)
+def max_all(x):
+    return jnp.max(x)
+
+
+@lowering(aten.min.default)
+def min_all(x):
+    return jnp.min(x)
+
+
+@lowering(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    d = _dims(x, dim)
+    d = d[0] if d else 0
+    return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    d = _dims(x, dim)
+    d = d[0] if d else 0
+    return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    if dim is None:
+        return jnp.argmax(x.reshape(-1))
+    return jnp.argmax(x, axis=_dims(x, dim)[0] if x.ndim else None, keepdims=keepdim)
+
+
+@lowering(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    if dim is None:
+        return jnp.argmin(x.reshape(-1))
+    return jnp.argmin(x, axis=_dims(x, dim)[0] if x.ndim else None, keepdims=keepdim)
+
+
+@lowering(aten.any.default)
+def any_all(x):
+    return jnp.any(x)
+
+
+@lowering(aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    return jnp.any(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.all.default)
+def all_all(x):
+    return jnp.all(x)
+
+
+@lowering(aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+def _correction(correction, unbiased=True):
+    if correction is None:
+        return 1 if unbiased else 0
+    return correction
+
+
+@lowering(aten.var.correction)
+def var(x, dim=None, correction=None, keepdim=False):
+    return jnp.var(x, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
+
+
+@lowering(aten.std.correction)
+def std(x, dim=None, correction=None, keepdim=False):
+    return jnp.std(x, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
+
+
+@lowering(aten.var_mean.correction)
+def var_mean(x, dim=None, correction=None, keepdim=False):
+    d = _dims(x, dim)
+    return (
+        jnp.var(x, axis=d, ddof=_correction(correction), keepdims=keepdim),
+        jnp.mean(x, axis=d, keepdims=keepdim),
+    )
+
+
+@lowering(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    import jax.scipy.special as jss
+
+    return jss.logsumexp(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.linalg_vector_norm.default)
+def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    x = _acc(x, dtype) if dtype is not None else x
+    d = _dims(x, dim)
+    ax = jnp.abs(x)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(ax * ax, axis=d, keepdims=keepdim))
+    if ord == float("inf"):
+        return jnp.max(ax, axis=d, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(ax, axis=d, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((x != 0).astype(x.dtype), axis=d, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(ax, axis=d, keepdims=keepdim)
+    return jnp.sum(ax**ord, axis=d, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowering(aten.cumsum.default)
+def cumsum(x, dim, dtype=None):
+    return jnp.cumsum(_acc(x, dtype), axis=_dims(x, dim)[0] if x.ndim else None)
+
+
+@lowering(aten.cumprod.default)
+def cumprod(x, dim, dtype=None):
+    return jnp.cumprod(_acc(x, dtype), axis=_dims(x, dim)[0] if x.ndim else None)
+
+
+@lowering(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    d = _dims(x, dim)[0] if x.ndim else 0
+    idx = jnp.argsort(-x if descending and x.dtype != jnp.bool_ else x, axis=d, stable=True)
+    if descending and x.dtype == jnp.bool_:
+        idx = jnp.argsort(~x, axis=d, stable=True)
+    return jnp.take_along_axis(x, idx, axis=d), idx
+
+
+@lowering(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    d = _dims(x, dim)[0] if x.ndim else 0
+    xm = jnp.moveaxis(x, d, -1)
+    if largest:
+        v, i = lax.top_k(xm, k)
+    else:
+        v, i = lax.top_k(-xm, k)
+        v = -v
+    return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)

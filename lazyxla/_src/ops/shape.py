@@ -1,0 +1,292 @@
+"""Views, reshapes and layout ops.
+
+View ops are recorded as views (see Note [Views and mutation] in tensor.py): each has a forward rule
+here and, in `SCATTERS`, the rule that writes a new view value back into its parent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from .registry import lowering
+
+aten = torch.ops.aten
+
+VIEWS: set[Any] = set()
+SCATTERS: dict[Any, Any] = {}
+
+
+def view_op(*ops: Any, scatter: Any = None):
+    def deco(rule):
+        lowering(*ops)(rule)
+        for op in ops:
+            VIEWS.add(op)
+            if scatter is not None:
+                SCATTERS[op] = scatter
+        return rule
+
+    return deco
+
+
+def _norm_dim(d: int, n: int) -> int:
+    return d + n if d < 0 else d
+
+
+def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        return tuple(numel // known if s == -1 else s for s in shape)
+    return tuple(shape)
+
+
+def _reshape_back(parent, new, *_):
+    return new.reshape(parent.shape)
+
+
+@view_op(aten.view.default, aten._reshape_alias.default, scatter=_reshape_back)
+def view(x, size, *_):
+    return x.reshape(_infer_shape(tuple(size), x.size))
+
+
+@lowering(aten._unsafe_view.default)
+def _unsafe_view(x, size):
+    return x.reshape(_infer_shape(tuple(size), x.size))
+
+
+@view_op(aten.alias.default, scatter=lambda parent, new: new)
+def alias(x):
+    return x
+
+
+@view_op(aten.unsqueeze.default, scatter=_reshape_back)
+def unsqueeze(x, dim):
+    return jnp.expand_dims(x, _norm_dim(dim, x.ndim + 1))
+
+
+@view_op(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, scatter=_reshape_back)
+def squeeze(x, dim=None):
+    if dim is None:
+        return jnp.squeeze(x)
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    dims = tuple(d for d in (_norm_dim(d, max(x.ndim, 1)) for d in dims) if x.ndim and x.shape[d] == 1)
+    return jnp.squeeze(x, dims) if dims else x
+
+
+def _permute_back(parent, new, dims):
+    return jnp.transpose(new, np.argsort([_norm_dim(d, parent.ndim) for d in dims]))
+
+
+@view_op(aten.permute.default, scatter=_permute_back)
+def permute(x, dims):
+    return jnp.transpose(x, [_norm_dim(d, x.ndim) for d in dims])
+
+
+def _transpose(x, d0, d1):
+    if x.ndim < 2:
+        return x
+    return jnp.swapaxes(x, _norm_dim(d0, x.ndim), _norm_dim(d1, x.ndim))
+
+
+@view_op(aten.transpose.int, scatter=lambda parent, new, d0, d1: _transpose(new, d0, d1))
+def transpose(x, d0, d1):
+    return _transpose(x, d0, d1)
+
+
+@view_op(aten.t.default, scatter=lambda parent, new: new.T)
+def t(x):
+    return x.T
+
+
+@view_op(aten.expand.default)
+def expand(x, size, implicit=False):
+    lead = len(size) - x.ndim
+    size = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(x, size)
+
+
+def _select_scatter(parent, new, dim, index):
+    dim = _norm_dim(dim, parent.ndim)
+    index = index + parent.shape[dim] if index < 0 else index
+    return lax.dynamic_update_index_in_dim(parent, new.astype(parent.dtype), index, dim)
+
+
+@view_op(aten.select.int, scatter=_select_scatter)
+def select(x, dim, index):
+    dim = _norm_dim(dim, x.ndim)
+    return lax.index_in_dim(x, index + x.shape[dim] if index < 0 else index, dim, keepdims=False)
+
+
+def _slice_bounds(n: int, start: int | None, end: int | None) -> tuple[int, int]:
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = max(0, start + n if start < 0 else start)
+    end = max(0, end + n if end < 0 else end)
+    end = min(end, n)
+    start = min(start, n)
+    return start, max(start, end)
+
+
+def _slice_scatter(parent, new, dim=0, start=None, end=None, step=1):
+    dim = _norm_dim(dim, parent.ndim)
+    s, e = _slice_bounds(parent.shape[dim], start, end)
+    idx = [slice(None)] * parent.ndim
+    idx[dim] = slice(s, e, step)
+    return parent.at[tuple(idx)].set(new.astype(parent.dtype))
+
+
+@view_op(aten.slice.Tensor, scatter=_slice_scatter)
+def slice_(x, dim=0, start=None, end=None, step=1):
+    dim = _norm_dim(dim, x.ndim)
+    s, e = _slice_bounds(x.shape[dim], start, end)
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(s, e, step)
+    return x[tuple(idx)]
+
+
+def _diag_index(shape, offset, d1, d2):
+    n = len(shape)
+    d1, d2 = _norm_dim(d1, n), _norm_dim(d2, n)
+    rows = np.arange(shape[d1])
+    cols = rows + offset
+    keep = (cols >= 0) & (cols < shape[d2])
+    return d1, d2, rows[keep], cols[keep]
+
+
+def _diagonal_scatter(parent, new, offset=0, dim1=0, dim2=1):
+    d1, d2, r, c = _diag_index(parent.shape, offset, dim1, dim2)
+    moved = jnp.moveaxis(parent, (d1, d2), (-2, -1))
+    moved = moved.at[..., r, c].set(new.astype(parent.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@view_op(aten.diagonal.default, scatter=_diagonal_scatter)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, _norm_dim(dim1, x.ndim), _norm_dim(dim2, x.ndim))
+
+
+def _strided_index(shape, size, stride, offset):
+    idx = np.full(tuple(size), offset or 0, dtype=np.int64)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        r = np.arange(n) * st
+        idx = idx + r.reshape([-1 if i == d else 1 for i in range(len(size))])
+    return idx
+
+
+def _as_strided_scatter(parent, new, size, stride, storage_offset=None):
+    idx = _strided_index(parent.shape, size, stride, storage_offset)
+    return parent.reshape(-1).at[idx.reshape(-1)].set(new.reshape(-1)).reshape(parent.shape)
+
+
+@view_op(aten.as_strided.default, scatter=_as_strided_scatter)
+def as_strided(x, size, stride, storage_offset=None):
+    idx = _strided_index(x.shape, size, stride, storage_offset)
+    return x.reshape(-1)[idx]
+
+
+@lowering(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    d = _norm_dim(dimension, max(x.ndim, 1))
+    if x.ndim == 0:
+        return x.reshape(1)
+    n = (x.shape[d] - size) // step + 1
+    starts = np.arange(n) * step
+    idx = starts[:, None] + np.arange(size)[None, :]
+    out = jnp.take(x, idx.reshape(-1), axis=d)
+    out = out.reshape(x.shape[:d] + (n, size) + x.shape[d + 1 :])
+    return jnp.moveaxis(out, d + 1, -1)
+
+
+# --- non-view shape ops ---------------------------------------------------------------------------
+
+
+@lowering(aten.cat.default)
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not tensors:
+        return jnp.zeros((0,))
+    dt = jnp.result_type(*tensors)
+    return jnp.concatenate([t.astype(dt) for t in tensors], axis=_norm_dim(dim, tensors[0].ndim))
+
+
+@lowering(aten.stack.default)
+def stack(tensors, dim=0):
+    dt = jnp.result_type(*tensors)
+    return jnp.stack([t.astype(dt) for t in tensors], axis=_norm_dim(dim, tensors[0].ndim + 1))
+
+
+@lowering(aten.flip.default)
+def flip(x, dims):
+    return jnp.flip(x, [_norm_dim(d, x.ndim) for d in dims])
+
+
+@lowering(aten.roll.default)
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts).reshape(x.shape)
+    return jnp.roll(x, shifts, [_norm_dim(d, x.ndim) for d in dims])
+
+
+@lowering(aten.repeat.default)
+def repeat(x, repeats):
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, repeats)
+
+
+@lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    cfg = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+@lowering(aten.tril.default)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering(aten.triu.default)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@lowering(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    return _select_scatter(x, src, dim, index)
+
+
+@lowering(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    return _slice_scatter(x, src, dim, start, end, step)
+
+
+@lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    return _diagonal_scatter(x, src, offset, dim1, dim2)
+
+
+@lowering(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    return _as_strided_scatter(x, src, size, stride, storage_offset)
+
+
+@lowering(aten.view_copy.default)
+def view_copy(x, size):
+    return view(x, size)
+
+
+@lowering(aten.permute_copy.default)
+def permute_copy(x, dims):
+    return permute(x, dims)
+
+
+@lowering(aten.expand_copy.default)
+def expand_copy(x, size, implicit=False):
+    return expand(x, size)

@@ -1,0 +1,93 @@
+"""PJRT devices through JAX, and host <-> device transfers.
+
+JAX is configured here, once, before first use: 64-bit types on (torch's int64/float64 keep their width)
+and, for `CPU_NUM_DEVICES=N`, N virtual CPU devices.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+
+from . import metrics
+
+jax.config.update("jax_enable_x64", True)
+if os.environ.get("CPU_NUM_DEVICES"):
+    jax.config.update("jax_num_cpu_devices", int(os.environ["CPU_NUM_DEVICES"]))
+_PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
+if os.environ.get("PJRT_DEVICE"):
+    _want = os.environ["PJRT_DEVICE"].upper()
+    if _want not in _PLATFORMS:
+        raise ValueError(f"PJRT_DEVICE={_want!r} is not one of {sorted(_PLATFORMS)}")
+    jax.config.update("jax_platforms", _PLATFORMS[_want])
+
+import jax.numpy as jnp  # noqa: E402
+
+TORCH_TO_NP = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.int64: np.dtype(np.int64),
+    torch.int32: np.dtype(np.int32),
+    torch.int16: np.dtype(np.int16),
+    torch.int8: np.dtype(np.int8),
+    torch.uint8: np.dtype(np.uint8),
+    torch.bool: np.dtype(np.bool_),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+NP_TO_TORCH = {v: k for k, v in TORCH_TO_NP.items()}
+
+
+def jnp_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_NP[dtype]
+    except KeyError:
+        raise TypeError(f"lazyxla does not support dtype {dtype}") from None
+
+
+@functools.cache
+def jax_devices() -> list[jax.Device]:
+    return jax.devices()
+
+
+def default_device() -> jax.Device:
+    return jax_devices()[0]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host copy of a CPU tensor as numpy (bfloat16 through its bit pattern)."""
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
+
+
+def host_to_device(t: torch.Tensor, device: jax.Device | None = None) -> jax.Array:
+    """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData)."""
+    with metrics.timed("TransferToDeviceTime"):
+        arr = jax.device_put(to_numpy(t), device or default_device())
+    metrics.metric_add("OutboundData", t.numel() * t.element_size())
+    metrics.counter_inc("CreateDataHandles")
+    return arr
+
+
+def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """Copy a device array to a new, writable CPU tensor."""
+    with metrics.timed("TransferFromDeviceTime"):
+        host = np.array(arr)  # a copy: jax buffers are immutable, torch tensors are not
+    metrics.metric_add("InboundData", host.nbytes)
+    if host.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    out = torch.from_numpy(host) if host.ndim else torch.tensor(host.item(), dtype=dtype)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
+    return jnp.zeros(shape, jnp_dtype(dtype))

@@ -1,0 +1,233 @@
+"""The lazy tensor: a plain PrivateUse1 tensor on device `jax:N` whose value lives in the IR.
+
+# Note [Lazy tensor identity]
+A lazyxla tensor is an ordinary `torch.Tensor` created by `torch._C._acc.create_empty_tensor` (0-byte
+storage, PrivateUse1 dispatch keys): no subclass, no `__torch_dispatch__`. PyTorch therefore treats it as
+any device tensor (autograd, `nn.Parameter`, `model.to`, dynamo's FakeTensor). Its state, a `LazyState`,
+hangs off its *storage* (`t.untyped_storage()._lx`), not the tensor object: autograd, `detach()`,
+`.data` and `Parameter` make shallow TensorImpl copies that share the storage, and all of them must see
+the same value. No weakref ever points at a tensor (DESIGN.md); the live registry holds the states.
+
+# Note [Views and mutation]
+lazyxla functionalizes in Python, the way PyTorch's FunctionalTensorWrapper does in C++:
+- Every storage is either a *base* (it owns a value) or a *view*: it points at its root base and carries
+  the chain of view ops (`ViewOp`: select, slice, permute, reshape, ...) from the base to itself, plus a
+  cached value and the base version that value was computed from.
+- Reading a view whose cached version is stale replays its chain on the base's current value.
+- Writing a tensor (any in-place op, `copy_`, `out=`) computes the new value functionally, then, if the
+  tensor is a view, scatters it back through the chain (`select_scatter`, `slice_scatter`, inverse
+  permute/reshape, ...) to produce the base's new value and bumps the base's version. Every other view of
+  that base is then stale and replays on its next read, so all aliases agree, as in eager.
+- View tensors report contiguous strides (their storage is their own); so that autograd never replays a
+  view through `as_strided` with those strides, lazyxla turns on autograd's view replay
+  (`torch._C._set_view_replay_enabled`) while tensors of its device exist, as XLA devices get by default
+  from `Device::supports_as_strided() == false`.
+Only functional ops reach the lowering: in-place kernels are derived from functional rules.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from . import metrics
+from .ir import DEVICE_DATA, Node, TensorSpec
+
+DEVICE_TYPE = "jax"
+
+Value = tuple[Node, int]
+
+
+class ViewOp:
+    """One step of a view chain: how to read the view from its parent, and write it back."""
+
+    __slots__ = ("name", "apply", "scatter")
+
+    def __init__(
+        self,
+        name: str,
+        apply: Callable[[Value], Value],
+        scatter: Callable[[Value, Value], Value] | None,
+    ) -> None:
+        self.name = name
+        self.apply = apply
+        self.scatter = scatter
+
+
+class LazyState:
+    """The value of one lazy storage (see Note [Lazy tensor identity] and [Views and mutation])."""
+
+    __slots__ = ("value", "spec", "base", "chain", "version", "seen", "__weakref__")
+
+    def __init__(self, value: Value, spec: TensorSpec) -> None:
+        self.value = value
+        self.spec = spec
+        self.base: LazyState | None = None
+        self.chain: tuple[ViewOp, ...] = ()
+        self.version = 0
+        self.seen = 0
+        _live.add(self)
+
+    def __del__(self) -> None:
+        metrics.counter_inc("DestroyXlaTensor")
+
+    @property
+    def is_pending(self) -> bool:
+        return self.value[0].op != DEVICE_DATA
+
+
+_live: weakref.WeakSet[LazyState] = weakref.WeakSet()
+
+
+def live_states() -> list[LazyState]:
+    return list(_live)
+
+
+# --- device registration --------------------------------------------------------------------------
+
+
+class _BackendModule:
+    """`torch.jax`: the module PyTorch consults for a PrivateUse1 backend."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        from . import runtime
+
+        return len(runtime.jax_devices())
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        from . import random_state
+
+        random_state.manual_seed(seed)
+
+    manual_seed = manual_seed_all
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+
+def _register_device() -> None:
+    if torch._C._get_privateuse1_backend_name() == DEVICE_TYPE:
+        return
+    _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BackendModule())
+    torch._C._set_view_replay_enabled(True)  # See Note [Views and mutation]
+    _patch_tensor_str()
+
+
+def _patch_tensor_str() -> None:
+    """Print lazy tensors from a host copy, as PyTorch does for its own 'xla' and 'lazy' devices."""
+    import torch._tensor_str as ts
+
+    original = ts._tensor_str
+
+    def _tensor_str(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == DEVICE_TYPE:
+            self = self.to("cpu")
+        return original(self, indent)
+
+    ts._tensor_str = _tensor_str
+
+
+_register_device()
+
+_create_empty = torch._C._acc.create_empty_tensor
+
+
+def new_tensor(value: Value, spec: TensorSpec) -> torch.Tensor:
+    """A fresh lazy tensor whose value is `value` (a base, not a view)."""
+    t = _create_empty(spec.shape, spec.dtype)
+    t.untyped_storage()._lx = LazyState(value, spec)
+    metrics.counter_inc("CreateXlaTensor")
+    return t
+
+
+def new_view(parent: torch.Tensor, op: ViewOp, spec: TensorSpec) -> torch.Tensor:
+    """A lazy tensor viewing `parent` through `op`; writes to it reach the parent's base."""
+    ps = state(parent)
+    value = op.apply(read(ps))
+    t = _create_empty(spec.shape, spec.dtype)
+    s = LazyState(value, spec)
+    root = ps.base or ps
+    s.base = root
+    s.chain = (*ps.chain, op) if ps.base is not None else (op,)
+    s.seen = root.version
+    t.untyped_storage()._lx = s
+    metrics.counter_inc("CreateXlaTensor")
+    return t
+
+
+def state(t: torch.Tensor) -> LazyState:
+    try:
+        return t.untyped_storage()._lx
+    except AttributeError:
+        raise RuntimeError(
+            f"tensor of shape {tuple(t.shape)} on {t.device} has no lazyxla state; it was not "
+            "created by lazyxla (e.g. an uninitialized storage from another backend)"
+        ) from None
+
+
+def is_lazy(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE
+
+
+def read(s: LazyState) -> Value:
+    """The current IR value of a storage, replaying a stale view's chain."""
+    base = s.base
+    if base is None or s.seen == base.version:
+        return s.value
+    v = base.value
+    for op in s.chain:
+        v = op.apply(v)
+    s.value = v
+    s.seen = base.version
+    return v
+
+
+def write(s: LazyState, value: Value) -> None:
+    """Give a storage a new value; through a view, the base gets the scattered value."""
+    base = s.base
+    if base is None:
+        s.value = value
+        s.version += 1
+        return
+    parents = [base.value]
+    for op in s.chain[:-1]:
+        parents.append(op.apply(parents[-1]))
+    new = value
+    for op, parent in zip(reversed(s.chain), reversed(parents)):
+        if op.scatter is None:
+            raise RuntimeError(
+                f"in-place write through a '{op.name}' view is not supported: more than one element "
+                "of the written-to tensor refers to a single memory location; clone() it first"
+            )
+        new = op.scatter(parent, new)
+    base.value = new
+    base.version += 1
+    s.value = value
+    s.seen = base.version
+
+
+def bind_data(s: LazyState, data_node: Node) -> None:
+    """After execution: the storage's value is device data (a view keeps its version)."""
+    s.value = (data_node, 0)
