@@ -27,6 +27,7 @@ Only functional ops reach the lowering: in-place kernels are derived from functi
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Callable
 
@@ -60,9 +61,10 @@ class ViewOp:
 class LazyState:
     """The value of one lazy storage (see Note [Lazy tensor identity] and [Views and mutation])."""
 
-    __slots__ = ("value", "spec", "base", "chain", "version", "seen", "__weakref__")
+    __slots__ = ("value", "spec", "base", "chain", "version", "seen", "seq", "__weakref__")
 
     def __init__(self, value: Value, spec: TensorSpec) -> None:
+        self.seq = next(_seq)  # creation order: a sync's roots are ordered by it (stable keys)
         self.value = value
         self.spec = spec
         self.base: LazyState | None = None
@@ -80,10 +82,16 @@ class LazyState:
 
 
 _live: weakref.WeakSet[LazyState] = weakref.WeakSet()
+_seq = itertools.count()
 
 
 def live_states() -> list[LazyState]:
-    return list(_live)
+    """Every live lazy storage, in creation order (a set's order would change the graph key)."""
+    return sorted(_live, key=_by_seq)
+
+
+def _by_seq(s: LazyState) -> int:
+    return s.seq
 
 
 # --- device registration --------------------------------------------------------------------------

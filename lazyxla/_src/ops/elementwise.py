@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lowering, register
+from .registry import is_const, lowering, register
 
 aten = torch.ops.aten
 
@@ -119,17 +119,17 @@ def _pair(x, y):
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, alpha=1):
-    return x + y if alpha == 1 else x + y * alpha
+    return x + y if is_const(alpha, 1) else x + y * alpha
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(x, y, alpha=1):
-    return x - y if alpha == 1 else x - y * alpha
+    return x - y if is_const(alpha, 1) else x - y * alpha
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(x, y, alpha=1):
-    return y - x if alpha == 1 else y - x * alpha
+    return y - x if is_const(alpha, 1) else y - x * alpha
 
 
 def _div(x, y, rounding_mode=None):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 
 from . import elementwise as ew
-from .registry import register
+from .registry import is_const, register
 
 aten = torch.ops.aten
 
@@ -45,12 +45,12 @@ _UNARY = {
 def _binary(fn, kind):
     if kind == "List":
         return lambda xs, ys, alpha=1: [
-            fn(x, y, alpha) if alpha != 1 else fn(x, y) for x, y in zip(xs, ys)
+            fn(x, y, alpha) if not is_const(alpha, 1) else fn(x, y) for x, y in zip(xs, ys)
         ]
     if kind == "ScalarList":
         return lambda xs, ss: [fn(x, s) for x, s in zip(xs, ss)]
     if kind == "Tensor":
-        return lambda xs, t, alpha=1: [fn(x, t, alpha) if alpha != 1 else fn(x, t) for x in xs]
+        return lambda xs, t, alpha=1: [fn(x, t, alpha) if not is_const(alpha, 1) else fn(x, t) for x in xs]
     return lambda xs, s: [fn(x, s) for x in xs]
 
 
@@ -99,7 +99,7 @@ def _norm(xs, ord=2, dtype=None):
     return [vector_norm(x, ord, None, False, dtype) for x in xs]
 
 
-register(aten._foreach_norm.Scalar, _norm)
+register(aten._foreach_norm.Scalar, _norm, static=("ord",))
 
 
 def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
@@ -111,7 +111,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
             g = g / grad_scale
         if maximize:
             g = -g
-        if weight_decay != 0:
+        if not is_const(weight_decay, 0):
             if decoupled:
                 p = p * (1 - lr * weight_decay)
             else:

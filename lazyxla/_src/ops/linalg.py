@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import lowering
+from .registry import is_const, lowering
 
 aten = torch.ops.aten
 _HIGHEST = lax.Precision.HIGHEST
@@ -25,23 +25,23 @@ def bmm(a, b):
 @lowering(aten.addmm.default)
 def addmm(bias, a, b, beta=1, alpha=1):
     out = jnp.matmul(a, b, precision=_HIGHEST)
-    if alpha != 1:
+    if not is_const(alpha, 1):
         out = out * alpha
-    return out + (bias if beta == 1 else bias * beta) if beta != 0 else out
+    return out + (bias if is_const(beta, 1) else bias * beta) if not is_const(beta, 0) else out
 
 
 @lowering(aten.baddbmm.default)
 def baddbmm(bias, a, b, beta=1, alpha=1):
     out = jnp.matmul(a, b, precision=_HIGHEST)
-    if alpha != 1:
+    if not is_const(alpha, 1):
         out = out * alpha
-    return out + (bias if beta == 1 else bias * beta) if beta != 0 else out
+    return out + (bias if is_const(beta, 1) else bias * beta) if not is_const(beta, 0) else out
 
 
 @lowering(aten.addbmm.default)
 def addbmm(bias, a, b, beta=1, alpha=1):
     out = jnp.sum(jnp.matmul(a, b, precision=_HIGHEST), axis=0) * alpha
-    return out + bias * beta if beta != 0 else out
+    return out + bias * beta if not is_const(beta, 0) else out
 
 
 @lowering(aten.dot.default, aten.vdot.default)

@@ -158,7 +158,7 @@ def logsumexp(x, dim, keepdim=False):
     return jss.logsumexp(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
-@lowering(aten.linalg_vector_norm.default)
+@lowering(aten.linalg_vector_norm.default, static=("ord",))
 def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     x = _acc(x, dtype) if dtype is not None else x
     d = _dims(x, dim)

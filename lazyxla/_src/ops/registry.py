@@ -31,6 +31,11 @@ class Lowering:
 LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
+def is_const(v: Any, c: float) -> bool:
+    """True if `v` is the Python number `c`: lifted scalars arrive traced and are never constants."""
+    return type(v) in (int, float, bool) and v == c
+
+
 def _overloads(op: OpOverload | OpOverloadPacket) -> list[OpOverload]:
     if isinstance(op, OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
