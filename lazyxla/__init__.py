@@ -1,4 +1,5 @@
 """lazyxla: the PyTorch/XLA programming model in pure Python, on JAX."""
+# ruff: noqa: E402  (JAX is configured and the device registered before the public imports)
 
 from ._src import runtime as _runtime  # noqa: F401  (configures JAX before anything else)
 from ._src import tensor as _tensor  # noqa: F401  (registers the 'jax' device)
@@ -6,12 +7,23 @@ from ._src.ops import install as _install
 
 _install()
 
+from . import debug as debug  # noqa: E402
 from ._src.api import (  # noqa: E402
     device as device,
+)
+from ._src.api import (
     device_count as device_count,
+)
+from ._src.api import (
     devices as devices,
+)
+from ._src.api import (
     manual_seed as manual_seed,
+)
+from ._src.api import (
     real_devices as real_devices,
+)
+from ._src.api import (
     sync as sync,
 )
 

@@ -49,14 +49,14 @@ def _parse(name: str, flag: Flag, raw: str) -> Any:
             return True
         if low in _FALSE:
             return False
-        raise ValueError(
-            f"{flag.env}={raw!r} is not a boolean; use 1 or 0. ({name}: {flag.help})"
-        )
+        raise ValueError(f"{flag.env}={raw!r} is not a boolean; use 1 or 0. ({name}: {flag.help})")
     if flag.type is int:
         try:
             return int(raw)
         except ValueError:
-            raise ValueError(f"{flag.env}={raw!r} is not an integer. ({name}: {flag.help})") from None
+            raise ValueError(
+                f"{flag.env}={raw!r} is not an integer. ({name}: {flag.help})"
+            ) from None
     return raw
 
 
@@ -75,9 +75,7 @@ class _Config:
         setattr(self, name, value)
 
     def describe(self) -> str:
-        return "\n".join(
-            f"{f.env:28} {getattr(self, n)!r:10} {f.help}" for n, f in _FLAGS.items()
-        )
+        return "\n".join(f"{f.env:28} {getattr(self, n)!r:10} {f.help}" for n, f in _FLAGS.items())
 
 
 FLAGS = _Config()

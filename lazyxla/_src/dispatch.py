@@ -1,24 +1,29 @@
 """PrivateUse1 kernels: each aten op on a lazy tensor becomes an IR node, nothing runs.
 
-For every op with a lowering, one kernel is built from the op's schema: it classifies the arguments once
-(tensor, tensor list, scalar, static), and per call turns tensors into IR inputs, lifts Python scalars to
-graph inputs (see Note [Graph hashing]), takes the output specs from PyTorch's own meta kernels (cached per
+For every op with a lowering, one kernel is built from the op's schema: it classifies the arguments
+once
+(tensor, tensor list, scalar, static), and per call turns tensors into IR inputs, lifts Python
+scalars to
+graph inputs (see Note [Graph hashing]), takes the output specs from PyTorch's own meta kernels
+(cached per
 argument signature, so a training step pays for shape inference only once), and returns fresh lazy
-tensors. In-place and view variants are derived from the functional rule (see Note [Views and mutation]).
+tensors. In-place and view variants are derived from the functional rule (see Note [Views and
+mutation]).
 Ops with neither a lowering nor a decomposition go to the CPU fallback in fallback.py.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
 from . import metrics, runtime
 from .ir import Node, Ref, TensorSpec, scalar
-from .ops.registry import LOWERINGS, Lowering
+from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
     ViewOp,
@@ -30,14 +35,24 @@ from .tensor import (
 )
 
 aten = torch.ops.aten
-_lib = torch.library.Library("aten", "IMPL")
+_libs: dict[str, torch.library.Library] = {}
 
 # Argument kinds, decided once per op from its schema.
-TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, LIFT, STATIC, GENERATOR = range(9)
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, LIFT, STATIC, GENERATOR = (
+    range(9)
+)
 
 
 class ArgSpec:
-    __slots__ = ("name", "kind", "kwarg_only", "default", "has_default", "is_write", "is_list_write")
+    __slots__ = (
+        "name",
+        "kind",
+        "kwarg_only",
+        "default",
+        "has_default",
+        "is_write",
+        "is_list_write",
+    )
 
     def __init__(self, arg: Any, lw: Lowering | None) -> None:
         t = str(arg.type)
@@ -117,8 +132,12 @@ def _meta_specs(out: Any) -> Any:
 _META_CACHE: dict[tuple, Any] = {}
 
 
-def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
-    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`."""
+def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None) -> Any:
+    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`.
+
+    PyTorch's meta kernel decides (so shapes, dtypes and errors are PyTorch's own); an op without
+    one (a custom op) is shape-checked by tracing its lowering with `jax.eval_shape`.
+    """
     key = (op, *[_sig(v) for v in vals])
     hit = _META_CACHE.get(key)
     if hit is not None:
@@ -129,9 +148,38 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
             kwargs[s.name] = _to_meta(v)
         else:
             args.append(_to_meta(v))
-    out = _meta_specs(op(*args, **kwargs))
+    try:
+        out = _meta_specs(op(*args, **kwargs))
+    except NotImplementedError:
+        if lw is None:
+            raise
+        out = _eval_shape(lw, specs, vals)
     _META_CACHE[key] = out
     return out
+
+
+def _eval_shape(lw: Lowering, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    import jax
+
+    def struct(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return jax.ShapeDtypeStruct(tuple(v.shape), runtime.jnp_dtype(v.dtype))
+        if isinstance(v, (list, tuple)):
+            return type(v)(struct(x) for x in v)
+        return v
+
+    args = [struct(v) for s, v in zip(specs, vals) if not s.kwarg_only and s.kind != GENERATOR]
+    kwargs = {
+        s.name: struct(v) for s, v in zip(specs, vals) if s.kwarg_only and s.kind != GENERATOR
+    }
+    out = jax.eval_shape(lambda: lw.rule(*args, **kwargs))
+
+    def to_spec(o: Any) -> Any:
+        if isinstance(o, (list, tuple)):
+            return type(o)(to_spec(x) for x in o)
+        return TensorSpec(tuple(o.shape), runtime.NP_TO_TORCH[o.dtype])
+
+    return to_spec(out)
 
 
 # --- recording -----------------------------------------------------------------------------------
@@ -274,7 +322,7 @@ _lazy_tracing = "LazyTracing"
 
 
 def _op_name(op: OpOverload) -> str:
-    return "aten::" + op._schema.name.split("::", 1)[1]
+    return op._schema.name
 
 
 def _counter_name(op: OpOverload) -> str:
@@ -289,7 +337,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
-        out_struct = infer(op, specs, vals)
+        out_struct = infer(op, specs, vals, lw)
         _, out = record(name, lw, specs, vals, out_struct)
         metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
         return out
@@ -304,7 +352,13 @@ def cast_value(v: tuple[Node, int], spec: TensorSpec) -> tuple[Node, int]:
 
     src = v[0].specs[v[1]]
     if src.dtype != spec.dtype:
-        v = emit("aten::_to_copy", convert_rule, (v,), (Ref(0), spec.dtype), TensorSpec(src.shape, spec.dtype))
+        v = emit(
+            "aten::_to_copy",
+            convert_rule,
+            (v,),
+            (Ref(0), spec.dtype),
+            TensorSpec(src.shape, spec.dtype),
+        )
     if src.shape != spec.shape:
         v = emit("aten::expand", expand_rule, (v,), (Ref(0), spec.shape), spec)
     return v
@@ -369,7 +423,9 @@ def view_kernel(
         if scatter is not None:
 
             def do_scatter(parent: tuple[Node, int], new: tuple[Node, int]) -> tuple[Node, int]:
-                return emit(scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec)
+                return emit(
+                    scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec
+                )
 
         return new_view(vals[0], ViewOp(name, apply, do_scatter), out_spec)
 
@@ -377,4 +433,8 @@ def view_kernel(
 
 
 def register_kernel(op: OpOverload, kernel: Callable[..., Any]) -> None:
-    _lib.impl(op, kernel, "PrivateUse1")
+    ns = op.namespace
+    lib = _libs.get(ns)
+    if lib is None:
+        lib = _libs[ns] = torch.library.Library(ns, "IMPL")
+    lib.impl(op, kernel, "PrivateUse1")

@@ -1,8 +1,11 @@
 """The CPU fallback: an op without a lowering runs through eager PyTorch on CPU.
 
-Inputs are synced and copied to the host, the op runs there, results are copied back, and arguments the
-op mutates get their new values written back (so in-place and `out=` ops keep their semantics). Each op
-bumps counter `aten::<op>` and warns once. With `LAZYXLA_CPU_FALLBACK=0` it raises instead, naming the op
+Inputs are synced and copied to the host, the op runs there, results are copied back, and arguments
+the
+op mutates get their new values written back (so in-place and `out=` ops keep their semantics). Each
+op
+bumps counter `aten::<op>` and warns once. With `LAZYXLA_CPU_FALLBACK=0` it raises instead, naming
+the op
 and the user's source line.
 """
 

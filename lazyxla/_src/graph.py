@@ -1,20 +1,26 @@
-"""Sync: capture the pending graph of live tensors, find or compile its executable, run it, bind results.
+"""Sync: capture the pending graph of live tensors, find or compile its executable, run it, bind
+results.
 
 # Note [Graph hashing]
-The cache key of a graph is built at sync time from the post-order of the nodes reachable from the roots.
+The cache key of a graph is built at sync time from the post-order of the nodes reachable from the
+roots.
 Each node contributes its descriptor id (op, static arguments, output specs; interned once at record
-time, see ir.py) and the post-order *positions* of its inputs; leaves contribute only their spec (and
-sharding). Array data and lifted scalar values are inputs of the jitted function, never part of the key,
+time, see ir.py) and the post-order *positions* of its inputs; leaves contribute only their spec
+(and
+sharding). Array data and lifted scalar values are inputs of the jitted function, never part of the
+key,
 so new data or a new learning rate reuses the executable. Numbering inputs by position is what tells
 `(a-b)+(b-a)` from `(a-b)+(a-b)` when `a` and `b` have the same spec: a hash built from specs alone
-would collide. Scalars are packed into one vector per dtype because a jitted call's cost grows with its
+would collide. Scalars are packed into one vector per dtype because a jitted call's cost grows with
+its
 argument count.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import numpy as np
@@ -128,8 +134,8 @@ def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
         return
     if not _allow_execution:
         raise ExecutionNotAllowed(
-            "Function execution is not allowed: an operation forced the pending graph to run inside "
-            "a region compiled with full_graph=True (or after set_allow_execution(False))"
+            "Function execution is not allowed: an operation forced the pending graph to run "
+            "inside a region compiled with full_graph=True (or after set_allow_execution(False))"
         )
     cap = Capture(pending)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))

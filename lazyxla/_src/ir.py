@@ -1,7 +1,9 @@
 """The lazy IR: immutable nodes that record an op, its static arguments and its output specs.
 
-A value is `(node, output_index)`. A node never holds array data except the leaves: `xla::device_data`
-(a `jax.Array` already on the device) and lifted Python scalars, whose values are graph *inputs* and never
+A value is `(node, output_index)`. A node never holds array data except the leaves:
+`xla::device_data`
+(a `jax.Array` already on the device) and lifted Python scalars, whose values are graph *inputs* and
+never
 part of the cache key. See Note [Graph hashing] in graph.py.
 """
 
@@ -197,8 +199,8 @@ def to_text(roots: list[tuple[Node, int]]) -> str:
         )
         name = DEVICE_DATA if n.op == SCALAR else n.op
         line = f"  %{i} = {shape} {name}({operands})"
-        statics = [_static_str(a) for a in n.args if not _has_ref(a)] if n.op != CONSTANT else []
-        statics += [f"{k}={_static_str(v)}" for k, v in n.kwargs if not _has_ref(v)]
+        statics = [_static_str(a) for a in n.args if _shown(a)] if n.op != CONSTANT else []
+        statics += [f"{k}={_static_str(v)}" for k, v in n.kwargs if k not in _HIDDEN and _shown(v)]
         if statics:
             line += ", " + ", ".join(statics)
         line += f", xla_shape={shape}"
@@ -209,6 +211,16 @@ def to_text(roots: list[tuple[Node, int]]) -> str:
         lines.append(line)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+_HIDDEN = frozenset({"pin_memory", "layout", "device", "memory_format", "non_blocking", "key"})
+
+
+def _shown(v: Any) -> bool:
+    """Statics worth printing: not inputs, not placement noise."""
+    if v is None or isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+        return False
+    return not _has_ref(v)
 
 
 def _has_ref(v: Any) -> bool:

@@ -1,12 +1,14 @@
 """Graph → one pure JAX function, interpreted over the post-order inside `jax.jit`.
 
-Each op runs its lowering rule under `jax.named_scope(<aten op>)`, so the HLO reads like the program.
+Each op runs its lowering rule under `jax.named_scope(<aten op>)`, so the HLO reads like the
+program.
 Outputs are cast to the dtypes PyTorch's meta kernels computed at record time.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +24,9 @@ DATA, SCAL, CONST, OP = range(4)
 class Program:
     """The data-free structure of a graph: enough to build its JAX function."""
 
-    def __init__(self, nodes: list[Node], pos: dict[int, int], roots: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, nodes: list[Node], pos: dict[int, int], roots: list[tuple[int, int]]
+    ) -> None:
         self.steps: list[tuple] = []
         self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
         scalar_slots: dict[np.dtype, int] = {}
@@ -70,7 +74,11 @@ class Program:
                         try:
                             out = rule(*a, **kw)
                         except Exception as e:
-                            where = f" (recorded at {src})" if src else ""
+                            where = (
+                                f" (recorded at {src})"
+                                if src
+                                else " (set XLA_IR_DEBUG=1 to record source lines)"
+                            )
                             raise LoweringError(
                                 f"lowering {name}{where} failed: {type(e).__name__}: {e}"
                             ) from e

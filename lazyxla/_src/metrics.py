@@ -1,8 +1,11 @@
 """Counters and metrics with torch_xla's names and report format.
 
-A *counter* is an integer (`UncachedCompile`, `xla::add`, `aten::nonzero`). A *metric* is a series of
-samples (`CompileTime` in nanoseconds, `TensorsGraphSize` as a count, `InboundData` in bytes). The report
-layout matches `torch_xla.debug.metrics.metrics_report()` (see `shared/golden/`): the lazy-core group first,
+A *counter* is an integer (`UncachedCompile`, `xla::add`, `aten::nonzero`). A *metric* is a series
+of
+samples (`CompileTime` in nanoseconds, `TensorsGraphSize` as a count, `InboundData` in bytes). The
+report
+layout matches `torch_xla.debug.metrics.metrics_report()` (see `shared/golden/`): the lazy-core
+group first,
 then the runtime group, each sorted by name.
 """
 
@@ -53,7 +56,9 @@ class _Metric:
     __slots__ = ("samples", "total", "accumulator")
 
     def __init__(self) -> None:
-        self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=_MAX_SAMPLES)
+        self.samples: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=_MAX_SAMPLES
+        )
         self.total = 0
         self.accumulator = 0.0
 
@@ -186,7 +191,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _metric_block(name: str, m: _Metric) -> list[str]:
-    lines = [f"Metric: {name}", f"  TotalSamples: {m.total}", f"  Accumulator: {_fmt(name, m.accumulator)}"]
+    lines = [
+        f"Metric: {name}",
+        f"  TotalSamples: {m.total}",
+        f"  Accumulator: {_fmt(name, m.accumulator)}",
+    ]
     samples = list(m.samples)
     if len(samples) > 1:
         span = samples[-1][0] - samples[0][0]

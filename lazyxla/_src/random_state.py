@@ -1,7 +1,8 @@
 """The device RNG: a seed and a counter, both graph *inputs*.
 
 Each random op takes the next counter value at record time and lowers to
-`jax.random.fold_in(key(seed), counter)`, so dropout masks differ step to step while the compiled graph
+`jax.random.fold_in(key(seed), counter)`, so dropout masks differ step to step while the compiled
+graph
 stays the same (see Note [Graph hashing]); `manual_seed(s)` reproduces a run.
 """
 

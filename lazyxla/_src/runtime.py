@@ -1,6 +1,7 @@
 """PJRT devices through JAX, and host <-> device transfers.
 
-JAX is configured here, once, before first use: 64-bit types on (torch's int64/float64 keep their width)
+JAX is configured here, once, before first use: 64-bit types on (torch's int64/float64 keep their
+width)
 and, for `CPU_NUM_DEVICES=N`, N virtual CPU devices.
 """
 

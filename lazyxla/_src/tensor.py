@@ -1,35 +1,38 @@
 """The lazy tensor: a plain PrivateUse1 tensor on device `jax:N` whose value lives in the IR.
 
 # Note [Lazy tensor identity]
-A lazyxla tensor is an ordinary `torch.Tensor` created by `torch._C._acc.create_empty_tensor` (0-byte
-storage, PrivateUse1 dispatch keys): no subclass, no `__torch_dispatch__`. PyTorch therefore treats it as
-any device tensor (autograd, `nn.Parameter`, `model.to`, dynamo's FakeTensor). Its state, a `LazyState`,
-hangs off its *storage* (`t.untyped_storage()._lx`), not the tensor object: autograd, `detach()`,
-`.data` and `Parameter` make shallow TensorImpl copies that share the storage, and all of them must see
-the same value. No weakref ever points at a tensor (DESIGN.md); the live registry holds the states.
+A lazyxla tensor is an ordinary `torch.Tensor` created by `torch._C._acc.create_empty_tensor`
+(0-byte storage, PrivateUse1 dispatch keys): no subclass, no `__torch_dispatch__`. PyTorch therefore
+treats it as any device tensor (autograd, `nn.Parameter`, `model.to`, dynamo's FakeTensor). Its
+state, a `LazyState`, hangs off its *storage* (`t.untyped_storage()._lx`), not the tensor object:
+autograd, `detach()`, `.data` and `Parameter` make shallow TensorImpl copies that share the storage,
+and all of them must see the same value. No weakref ever points at a tensor (DESIGN.md); the live
+registry holds the states.
 
 # Note [Views and mutation]
 lazyxla functionalizes in Python, the way PyTorch's FunctionalTensorWrapper does in C++:
-- Every storage is either a *base* (it owns a value) or a *view*: it points at its root base and carries
-  the chain of view ops (`ViewOp`: select, slice, permute, reshape, ...) from the base to itself, plus a
-  cached value and the base version that value was computed from.
+- Every storage is either a *base* (it owns a value) or a *view*: it points at its root base and
+  carries the chain of view ops (`ViewOp`: select, slice, permute, reshape, ...) from the base to
+  itself, plus a cached value and the base version that value was computed from.
 - Reading a view whose cached version is stale replays its chain on the base's current value.
-- Writing a tensor (any in-place op, `copy_`, `out=`) computes the new value functionally, then, if the
-  tensor is a view, scatters it back through the chain (`select_scatter`, `slice_scatter`, inverse
-  permute/reshape, ...) to produce the base's new value and bumps the base's version. Every other view of
-  that base is then stale and replays on its next read, so all aliases agree, as in eager.
-- View tensors report contiguous strides (their storage is their own); so that autograd never replays a
-  view through `as_strided` with those strides, lazyxla turns on autograd's view replay
-  (`torch._C._set_view_replay_enabled`) while tensors of its device exist, as XLA devices get by default
-  from `Device::supports_as_strided() == false`.
-Only functional ops reach the lowering: in-place kernels are derived from functional rules.
+- Writing a tensor (any in-place op, `copy_`, `out=`) computes the new value functionally, then, if
+  the tensor is a view, scatters it back through the chain (`select_scatter`, `slice_scatter`,
+  inverse permute/reshape, ...) to produce the base's new value and bumps the base's version. Every
+  other view of that base is then stale and replays on its next read, so all aliases agree, as in
+  eager.
+- View tensors report contiguous strides (their storage is their own); so that autograd never
+  replays a view through `as_strided` with those strides, lazyxla turns on autograd's view replay
+  (`torch._C._set_view_replay_enabled`) while tensors of its device exist, as XLA devices get by
+  default from `Device::supports_as_strided() == false`. Only functional ops reach the lowering:
+  in-place kernels are derived from functional rules.
 """
 
 from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
@@ -141,6 +144,7 @@ def _register_device() -> None:
     _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BackendModule())
     torch._C._set_view_replay_enabled(True)  # See Note [Views and mutation]
     _patch_tensor_str()
+    _patch_storage_checks()
 
 
 def _patch_tensor_str() -> None:
@@ -155,6 +159,30 @@ def _patch_tensor_str() -> None:
         return original(self, indent)
 
     ts._tensor_str = _tensor_str
+
+
+def _patch_storage_checks() -> None:
+    """Lazy tensors' 0-byte storages hold no data, so PyTorch must not copy them byte-wise.
+
+    PyTorch already treats storage-less PrivateUse1 tensors this way in `deepcopy` (clone) and in
+    pickling; we answer `_has_storage` = False for our device so those paths apply, and we pickle a
+    lazy tensor as its CPU value, so `torch.save(model.state_dict())` loads on CPU anywhere (as
+    `xm.save` does for torch_xla).
+    """
+    has_storage = torch._C._has_storage
+
+    def _has_storage(t: torch.Tensor) -> bool:
+        return t.device.type != DEVICE_TYPE and has_storage(t)
+
+    torch._C._has_storage = _has_storage
+    reduce_internal = torch.Tensor._reduce_ex_internal
+
+    def _reduce_ex_internal(self: torch.Tensor, proto: int) -> Any:
+        if self.device.type == DEVICE_TYPE:
+            return reduce_internal(self.cpu().requires_grad_(self.requires_grad), proto)
+        return reduce_internal(self, proto)
+
+    torch.Tensor._reduce_ex_internal = _reduce_ex_internal
 
 
 _register_device()
@@ -226,8 +254,9 @@ def write(s: LazyState, value: Value) -> None:
     for op, parent in zip(reversed(s.chain), reversed(parents)):
         if op.scatter is None:
             raise RuntimeError(
-                f"in-place write through a '{op.name}' view is not supported: more than one element "
-                "of the written-to tensor refers to a single memory location; clone() it first"
+                f"in-place write through a '{op.name}' view is not supported: more than one "
+                "element of the written-to tensor refers to a single memory location; "
+                "clone() it first"
             )
         new = op.scatter(parent, new)
     base.value = new

@@ -1,6 +1,7 @@
 """Op families and their installation as PrivateUse1 kernels.
 
-`install()` registers, for every lowered functional op, its kernel and the kernels derived from it: the
+`install()` registers, for every lowered functional op, its kernel and the kernels derived from it:
+the
 in-place variant (`add_` from `add`) and the `out=` variant (`add.out`). View ops get view kernels.
 Ops listed in `DECOMPOSE` run PyTorch's decomposition at record time on lazy tensors.
 """
@@ -89,3 +90,16 @@ def install() -> None:
         if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
             dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))
     special.install()
+
+
+def register_lowering(op: OpOverload, rule, **options) -> None:
+    """Add a lowering after import (custom ops, extensions) and install its kernel.
+
+    Example:
+        >>> register_lowering(torch.ops.mylib.scale.default, lambda x, s: x * s)
+    """
+    from .. import dispatch
+    from .registry import register
+
+    register(op, rule, **options)
+    dispatch.register_kernel(op, dispatch.functional_kernel(op, LOWERINGS[op]))

@@ -1,8 +1,11 @@
 """The lowering registry: aten OpOverload → a pure jnp/lax rule.
 
-A rule receives the op's arguments in schema order: tensors as `jax.Array`s, everything else as Python
-statics (lifted scalars arrive as 0-d arrays). It returns an array or a tuple/list of arrays; outputs are
-cast to the dtypes PyTorch's meta kernels computed at record time. Registering an op twice is an error
+A rule receives the op's arguments in schema order: tensors as `jax.Array`s, everything else as
+Python
+statics (lifted scalars arrive as 0-d arrays). It returns an array or a tuple/list of arrays;
+outputs are
+cast to the dtypes PyTorch's meta kernels computed at record time. Registering an op twice is an
+error
 naming the first site.
 """
 
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch._ops import OpOverload, OpOverloadPacket
 
@@ -21,7 +25,8 @@ class Lowering:
     rule: Callable[..., Any]
     # Scalar arguments that shape the program (arange's bounds): baked in, not lifted to inputs.
     static: frozenset[str]
-    # Float arguments lifted to graph inputs although their schema type is `float` (an optimizer's lr).
+    # Float arguments lifted to graph inputs although their schema type is `float` (an optimizer's
+    # lr).
     lift: frozenset[str]
     # Needs the RNG: the rule gets a `key` keyword argument (a jax PRNG key).
     random: bool
@@ -32,7 +37,7 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
 def is_const(v: Any, c: float) -> bool:
-    """True if `v` is the Python number `c`: lifted scalars arrive traced and are never constants."""
+    """True if `v` is the Python number `c` (lifted scalars arrive traced: never constants)."""
     return type(v) in (int, float, bool) and v == c
 
 

@@ -1,0 +1,8 @@
+"""Seeing inside: the IR, HLO and StableHLO of the graph a sync would run, and metrics."""
+
+from .._src.debug import hlo_text as hlo_text
+from .._src.debug import ir_text as ir_text
+from .._src.debug import stablehlo_text as stablehlo_text
+from . import metrics as metrics
+
+__all__ = ["hlo_text", "ir_text", "metrics", "stablehlo_text"]

@@ -1,0 +1,275 @@
+"""The lazy tensor core: recording, sync points, the graph cache, fallback and failure."""
+
+import io
+import re
+import warnings
+
+import pytest
+import torch
+
+import lazyxla
+import lazyxla.debug.metrics as met
+from lazyxla._src import config, graph
+from lazyxla._src.lower import LoweringError
+from lazyxla._src.tensor import state
+
+dev = lazyxla.device()
+
+
+def pending(t: torch.Tensor) -> bool:
+    return state(t).is_pending
+
+
+def test_device_identity():
+    assert dev == torch.device("jax", 0)
+    assert lazyxla.device_count() >= 1
+    assert lazyxla.devices()[0] == dev
+    assert lazyxla.real_devices()[0].startswith("CPU:")
+    x = torch.zeros(2, device=dev)
+    assert x.device == dev
+
+
+def test_ops_record_without_running():
+    a = torch.randn(4, 4).to(dev)
+    met.clear_all()
+    b = (a * 2).sin() @ a
+    assert pending(b)
+    assert met.counter_value("ExecuteComputation") is None
+    assert met.counter_value("xla::mul") == 1 and met.counter_value("xla::mm") == 1
+    lazyxla.sync()
+    assert not pending(b)
+    assert met.counter_value("ExecuteComputation") == 1
+    assert met.counter_value("MarkStep") == 1
+    import jax
+
+    assert isinstance(state(b).value[0].data, jax.Array)
+
+
+def test_item_syncs_only_what_it_needs():
+    a = torch.randn(3).to(dev)
+    unrelated = a.exp()
+    s = a.sum()
+    assert s.item() == pytest.approx(a.cpu().sum().item(), rel=1e-6)
+    assert not pending(s)
+    assert pending(unrelated)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda t: t.cpu(),
+        lambda t: torch.tensor(t.tolist()),
+        lambda t: bool(t.sum() > -1e9),
+        lambda t: str(t),
+        lambda t: t.sum().item(),
+    ],
+    ids=["cpu", "tolist", "bool", "print", "item"],
+)
+def test_sync_points_give_eager_values(read):
+    x = torch.randn(2, 3)
+    xd = x.to(dev)
+    y, yd = (x * 3 + 1).tanh(), (xd * 3 + 1).tanh()
+    out, ref = read(yd), read(y)
+    if isinstance(ref, torch.Tensor):
+        torch.testing.assert_close(out, ref)
+    elif isinstance(ref, str):
+        assert out.startswith(ref[:-1])
+        assert "device='jax:0'" in out
+    else:
+        assert out == pytest.approx(ref, rel=1e-6)
+
+
+def test_same_program_new_data_one_compile():
+    met.clear_all()
+    for _ in range(4):
+        x = torch.randn(5, 7).to(dev)
+        y = (x @ x.t()).relu().sum(0)
+        lazyxla.sync()
+        y.cpu()
+    assert met.counter_value("UncachedCompile") == 1
+    assert met.counter_value("CachedCompile") == 3
+
+
+def test_new_scalar_values_do_not_recompile():
+    x = torch.randn(8).to(dev)
+    met.clear_all()
+    for i in range(50):
+        f = 0.5 + i * 0.37
+        y = x * f + f
+        torch.testing.assert_close(y.cpu(), x.cpu() * f + f)
+    assert met.counter_value("UncachedCompile") == 1
+    z = torch.randn(9).to(dev) * 2.5
+    z.cpu()
+    assert met.counter_value("UncachedCompile") == 2
+
+
+def test_key_numbers_inputs_by_position():
+    a = torch.randn(3).to(dev)
+    b = torch.randn(3).to(dev)
+    r1 = ((a - b) + (b - a)).cpu()
+    r2 = ((a - b) + (a - b)).cpu()
+    torch.testing.assert_close(r1, torch.zeros(3))
+    torch.testing.assert_close(r2, 2 * (a.cpu() - b.cpu()))
+
+
+def test_model_to_device_and_back_and_save():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    ref = {k: v.clone() for k, v in m.state_dict().items()}
+    m.to(dev)
+    assert m.weight.device == dev and isinstance(m.weight, torch.nn.Parameter)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    for k, v in loaded.items():
+        assert v.device.type == "cpu"
+        torch.testing.assert_close(v, ref[k])
+    m.cpu()
+    torch.testing.assert_close(m.weight, ref["weight"])
+
+
+def test_factories_on_device():
+    torch.testing.assert_close(torch.zeros(2, 3, device=dev).cpu(), torch.zeros(2, 3))
+    torch.testing.assert_close(torch.ones(2, device=dev).cpu(), torch.ones(2))
+    torch.testing.assert_close(torch.full((2,), 1.5, device=dev).cpu(), torch.full((2,), 1.5))
+    torch.testing.assert_close(torch.arange(2, 11, 3, device=dev).cpu(), torch.arange(2, 11, 3))
+    t = torch.tensor([[1, 2], [3, 4]], device=dev)
+    assert t.dtype == torch.int64 and t.cpu().tolist() == [[1, 2], [3, 4]]
+
+
+def test_int64_and_float64_keep_width():
+    x = torch.tensor([2**40, 3], dtype=torch.int64)
+    assert (x.to(dev) * 2).cpu().tolist() == [2**41, 6]
+    y = torch.tensor([1e-300], dtype=torch.float64)
+    assert (y.to(dev) * 1e-5).cpu().item() == pytest.approx(1e-305)
+
+
+def test_fallback_runs_on_cpu_counts_and_warns_once():
+    x = torch.tensor([[0.0, 1.5], [2.0, 0.0]])
+    met.clear_all()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        from lazyxla._src import fallback
+
+        fallback._warned.discard("nonzero")
+        a = torch.nonzero(x.to(dev)).cpu()
+        b = torch.nonzero(x.to(dev)).cpu()
+    torch.testing.assert_close(a, torch.nonzero(x))
+    torch.testing.assert_close(b, torch.nonzero(x))
+    assert met.counter_value("aten::nonzero") == 2
+    assert "nonzero" in met.executed_fallback_ops()
+    assert sum("aten::nonzero" in str(m.message) for m in w) == 1
+
+
+def test_fallback_off_raises_naming_the_op():
+    config.FLAGS.set("cpu_fallback", False)
+    try:
+        with pytest.raises(NotImplementedError, match=r"aten::nonzero .*test_core.py"):
+            torch.nonzero(torch.ones(2).to(dev))
+    finally:
+        config.FLAGS.set("cpu_fallback", True)
+
+
+def test_failed_lowering_leaves_tensors_usable():
+    from lazyxla._src.ops import register_lowering
+
+    lib = torch.library.Library("lazyxla_test", "DEF")
+    lib.define("flaky(Tensor x) -> Tensor")
+    lib.impl("flaky", lambda x: torch.empty_like(x), "Meta")
+    state_ = {"fail": True}
+
+    def rule(x):
+        if state_["fail"]:
+            raise ValueError("this lowering is broken")
+        return x + 1
+
+    register_lowering(torch.ops.lazyxla_test.flaky.default, rule)
+    x = torch.randn(3)
+    xd = x.to(dev)
+    y = xd * 2
+    z = torch.ops.lazyxla_test.flaky(y)
+    with pytest.raises(LoweringError, match="lazyxla_test::flaky.*this lowering is broken"):
+        z.cpu()
+    assert pending(z)
+    torch.testing.assert_close(xd.cpu(), x)  # inputs intact
+    torch.testing.assert_close(y.cpu(), x * 2)
+    state_["fail"] = False
+    torch.testing.assert_close(z.cpu(), x * 2 + 1)
+
+
+def test_rng_is_reproducible_and_fresh_without_recompiles():
+    lazyxla.manual_seed(7)
+    a = torch.rand(100, device=dev).cpu()
+    lazyxla.manual_seed(7)
+    b = torch.rand(100, device=dev).cpu()
+    torch.testing.assert_close(a, b)
+    torch.manual_seed(7)
+    c = torch.rand(100, device=dev).cpu()
+    torch.testing.assert_close(a, c)
+    x = torch.ones(1000, device=dev)
+    lazyxla.sync()
+    met.clear_all()
+    masks = []
+    for _ in range(3):
+        masks.append(torch.nn.functional.dropout(x, 0.5).cpu())
+    assert met.counter_value("UncachedCompile") == 1
+    assert not torch.equal(masks[0], masks[1])
+    for m in masks:
+        assert 0.4 < (m > 0).float().mean().item() < 0.6
+        assert set(m.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_ir_text_layout_matches_torch_xla():
+    a = torch.randn(2, 3).to(dev)
+    b = torch.randn(3, 4).to(dev)
+    t = (a @ b + 1).relu()
+    text = lazyxla.debug.ir_text([t])
+    lines = text.splitlines()
+    assert lines[0] == "IR {" and lines[-1] == "}"
+    assert re.fullmatch(
+        r"  %\d+ = f32\[3,4\]\{1,0\} xla::device_data\(\), xla_shape=f32\[3,4\]\{1,0\}", lines[1]
+    )
+    assert re.fullmatch(
+        r"  %\d+ = f32\[2,4\]\{1,0\} aten::mm\(%1, %0\), xla_shape=f32\[2,4\]\{1,0\}", lines[3]
+    )
+    assert re.fullmatch(
+        r"  %\d+ = f32\[2,4\]\{1,0\} aten::relu\(%\d+\), xla_shape=f32\[2,4\]\{1,0\}, ROOT=0",
+        lines[-2],
+    )
+    hlo = lazyxla.debug.hlo_text([t])
+    assert "dot(" in hlo and "maximum(" in hlo
+    assert "stablehlo.dot_general" in lazyxla.debug.stablehlo_text([t])
+    lazyxla.sync()
+    assert lazyxla.debug.ir_text([t]).splitlines()[1] == (
+        "  %0 = f32[2,4]{1,0} xla::device_data(), xla_shape=f32[2,4]{1,0}, ROOT=0"
+    )
+
+
+def test_metrics_report_format():
+    met.clear_all()
+    x = torch.randn(4).to(dev)
+    (x + 2).cpu()
+    (x + 3).cpu()
+    report = met.metrics_report()
+    for name in ("CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"):
+        assert f"Metric: {name}\n  TotalSamples: " in report
+    assert re.search(r"Counter: UncachedCompile\n  Value: 1\n", report)
+    assert re.search(r"Counter: CachedCompile\n  Value: 1\n", report)
+    assert re.search(r"  Percentiles: 1%=[0-9.a-z]+; 5%=", report)
+    assert re.search(r"Accumulator: \d+ms\d{3}\.\d{3}us|Accumulator: \d{3}\.\d{3}us", report)
+    assert "CompileTime" in met.metric_names()
+    total, acc, samples = met.metric_data("CompileTime")
+    assert total == 1 and acc > 0 and len(samples) == 1
+    short = met.short_metrics_report()
+    assert short.index("Metric: CompileTime") < short.index("Metric: ExecuteTime")
+    met.clear_counters()
+    assert met.counter_names() == []
+
+
+def test_graph_cache_is_shared_across_equivalent_tensors():
+    graph.CACHE.clear()
+    met.clear_all()
+    for _ in range(2):
+        torch.randn(3, 3).to(dev).exp().cpu()
+    assert len(graph.CACHE) == 1
