@@ -273,3 +273,22 @@ def test_graph_cache_is_shared_across_equivalent_tensors():
     for _ in range(2):
         torch.randn(3, 3).to(dev).exp().cpu()
     assert len(graph.CACHE) == 1
+
+
+def test_source_lines_on_ir_nodes_when_enabled():
+    config.FLAGS.set("ir_debug", True)
+    try:
+        x = torch.randn(2).to(dev)
+        y = x.exp()  # the line the IR should name
+    finally:
+        config.FLAGS.set("ir_debug", False)
+    assert re.search(
+        r"aten::exp\(%0\), xla_shape=f32\[2\]\{0\}, location=.*test_core.py:\d+",
+        (lazyxla.debug.ir_text([y])),
+    )
+
+
+def test_inductor_still_works_after_import():
+    f = torch.compile(lambda x: (x * 2).sin().sum(), backend="inductor")
+    x = torch.randn(10)
+    torch.testing.assert_close(f(x), (x * 2).sin().sum())
