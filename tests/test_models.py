@@ -1,0 +1,173 @@
+"""Acceptance: training on lazyxla matches eager CPU step for step, and compiles only to warm up.
+
+Each case trains the same model from identical initial weights on identical data, once in eager on
+the CPU and once on `lazyxla.device()` with one `lazyxla.sync()` per step, and compares the float32
+losses at every step and the parameters at the end. After the second step (the first step has no
+optimizer state yet, so its graph differs) every step must hit the graph cache.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyxla
+from lazyxla._src.ops.registry import LOWERINGS
+from lazyxla.debug import metrics
+from lazyxla.models import MLP, Decoder, DecoderConfig
+
+STEPS = 20
+RTOL = 1e-5
+ATOL = 1e-5
+
+TINY_DECODER = DecoderConfig(
+    vocab_size=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, ffn_dim=64
+)
+
+OPTIMIZERS = {
+    "SGD": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}),
+    "Adam": (torch.optim.Adam, {"lr": 1e-3, "weight_decay": 1e-4}),
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-2}),
+}
+IMPLS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def _uncached() -> int:
+    return metrics.counter_value("UncachedCompile") or 0
+
+
+def _fallback_counts() -> dict[str, int]:
+    """`{op: count}` of the ops that ran through the CPU fallback so far."""
+    return {op: metrics.counter_value(f"aten::{op}") or 0 for op in metrics.executed_fallback_ops()}
+
+
+def _mlp_case(steps: int) -> tuple[Callable[[], torch.nn.Module], list, Callable]:
+    width = 64
+    gen = torch.Generator().manual_seed(1234)
+    batches = [
+        (torch.randn(16, width, generator=gen), torch.randn(16, width, generator=gen))
+        for _ in range(steps)
+    ]
+
+    def loss_fn(model, x, y):
+        return F.mse_loss(model(x), y)
+
+    return lambda: MLP(width=width, depth=4), batches, loss_fn
+
+
+def _decoder_case(steps: int) -> tuple[Callable[[], torch.nn.Module], list, Callable]:
+    cfg = TINY_DECODER
+    gen = torch.Generator().manual_seed(4321)
+    batches = []
+    for _ in range(steps):
+        x = torch.randint(0, cfg.vocab_size, (4, cfg.max_seq_len), generator=gen)
+        batches.append((x, torch.roll(x, -1, dims=1)))
+
+    def loss_fn(model, x, y):
+        return model.loss(x, y)
+
+    return lambda: Decoder(cfg), batches, loss_fn
+
+
+CASES = {"mlp": _mlp_case, "decoder": _decoder_case}
+
+aten = torch.ops.aten
+# Known lowering gaps, each expected to fail only while its lowering is missing: once it lands the
+# condition turns false and the case is enforced again.
+_NO_RMS_NORM_BACKWARD = aten._fused_rms_norm_backward.default not in LOWERINGS
+_NO_FUSED_SGD = aten._fused_sgd_.default not in LOWERINGS
+
+
+def _train(model, opt, batches, loss_fn, device, on_step=None):
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        loss = loss_fn(model, x.to(device), y.to(device))
+        loss.backward()
+        opt.step()
+        if device.type != "cpu":
+            lazyxla.sync()
+        losses.append(loss.detach())
+        if on_step is not None:
+            on_step(i)
+    return [float(v.item()) for v in losses]
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
+    """20 steps on lazyxla and on CPU agree (losses at each step, parameters at the end)."""
+    if case == "decoder" and _NO_RMS_NORM_BACKWARD:
+        pytest.xfail("lazyxla: aten::_fused_rms_norm_backward has no lowering (nor a CPU kernel)")
+    make_model, batches, loss_fn = CASES[case](STEPS)
+    opt_cls, opt_kwargs = OPTIMIZERS[opt_name]
+    opt_kwargs = {**opt_kwargs, **IMPLS[impl]}
+
+    torch.manual_seed(0)
+    cpu_model = make_model()
+    dev_model = copy.deepcopy(cpu_model).to(lazyxla.device())
+
+    cpu_losses = _train(
+        cpu_model,
+        opt_cls(cpu_model.parameters(), **opt_kwargs),
+        batches,
+        loss_fn,
+        torch.device("cpu"),
+    )
+
+    fallbacks_before = _fallback_counts()
+    compiles: list[int] = []
+    dev_losses = _train(
+        dev_model,
+        opt_cls(dev_model.parameters(), **opt_kwargs),
+        batches,
+        loss_fn,
+        lazyxla.device(),
+        on_step=lambda i: compiles.append(_uncached()),
+    )
+
+    for i, (a, b) in enumerate(zip(cpu_losses, dev_losses, strict=True)):
+        assert b == pytest.approx(a, rel=RTOL, abs=0.0), f"step {i}: lazyxla {b} vs eager {a}"
+    for (name, p_cpu), (_, p_dev) in zip(
+        cpu_model.named_parameters(), dev_model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(
+            p_dev.detach().cpu(), p_cpu.detach(), rtol=RTOL, atol=ATOL, msg=name
+        )
+    assert compiles[-1] == compiles[1], f"UncachedCompile grew after step 2: {compiles}"
+    fallbacks = [
+        op for op in _fallback_counts() if _fallback_counts()[op] > fallbacks_before.get(op, 0)
+    ]
+    if fallbacks == ["_fused_sgd_"] and _NO_FUSED_SGD:
+        pytest.xfail("lazyxla: aten::_fused_sgd_ has no lowering; it ran on the CPU fallback")
+    assert not fallbacks, f"ops ran on the CPU fallback: {fallbacks}"
+
+
+def test_python_floats_compile_once() -> None:
+    """50 different Python floats reuse one executable; a new shape compiles exactly once more."""
+    dev = lazyxla.device()
+    x = torch.randn(37, 5).to(dev)
+    lazyxla.sync()
+    before = _uncached()
+    for i in range(50):
+        f = 0.5 + i * 0.137
+        y = x * f + f
+        lazyxla.sync()
+        expected = x.cpu() * f + f
+        torch.testing.assert_close(y.cpu(), expected)
+    assert _uncached() - before == 1
+
+    x2 = torch.randn(38, 5).to(dev)
+    lazyxla.sync()
+    before = _uncached()
+    for i in range(10):
+        f = -1.0 - i * 0.25
+        y = x2 * f + f
+        lazyxla.sync()
+    torch.testing.assert_close(y.cpu(), x2.cpu() * f + f)
+    assert _uncached() - before == 1
