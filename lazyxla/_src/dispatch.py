@@ -232,10 +232,9 @@ class Recorder:
             self.inputs.append((scalar(value, dtype), 0))
             return Ref(len(self.inputs) - 1)
         # A CPU tensor among device tensors: move it over, counted like any transfer.
-        arr = runtime.host_to_device(t)
-        from .ir import device_data
+        from .sharding import upload_node
 
-        self.inputs.append((device_data(arr, TensorSpec(tuple(t.shape), t.dtype)), 0))
+        self.inputs.append((upload_node(t), 0))
         return Ref(len(self.inputs) - 1)
 
     def lift(self, v: Any, dtype: torch.dtype) -> Any:

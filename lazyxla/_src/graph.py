@@ -25,10 +25,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import metrics
+from . import metrics, step_closures
 from .ir import DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
+from .sharding import output_sharding
 from .tensor import LazyState, bind_data, live_states, read
 
 
@@ -65,6 +66,7 @@ class Capture:
         root_index: dict[tuple[int, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
+        out_shardings: list[Any] = []
         for s in states:
             v = s.value
             k = (id(v[0]), v[1])
@@ -72,7 +74,9 @@ class Capture:
             if r is None:
                 r = root_index[k] = len(root_values)
                 root_values.append(v)
+                out_shardings.append(s.sharding.named if s.sharding is not None else None)
             self.bindings.append((s, r))
+        self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
         nodes = post_order([n for n, _ in root_values])
         pos: dict[int, int] = {}
@@ -94,12 +98,12 @@ class Capture:
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
-        self.key = (tuple(parts), tuple(self.roots))
+        self.key = (tuple(parts), tuple(self.roots), self.out_shardings)
         self.data = data
         self.scalars = [np.asarray(v, dtype=dt) for dt, v in scalars.items()]
 
     def program(self) -> Program:
-        return Program(self.nodes, self.pos, self.roots)
+        return Program(self.nodes, self.pos, self.roots, self.out_shardings)
 
 
 def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState]:
@@ -134,6 +138,7 @@ def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
         return
     if not _allow_execution:
         raise ExecutionNotAllowed(
+            "Unexpected execution happens inside the compiled function, exiting. "
             "Function execution is not allowed: an operation forced the pending graph to run "
             "inside a region compiled with full_graph=True (or after set_allow_execution(False))"
         )
@@ -147,7 +152,8 @@ def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
     metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
     metrics.counter_inc("ExecuteComputation")
     data_nodes = [
-        device_data(arr, n.specs[k]) for arr, (n, k) in zip(outs, cap.root_values, strict=True)
+        device_data(arr, n.specs[k], sharding=output_sharding(arr))
+        for arr, (n, k) in zip(outs, cap.root_values, strict=True)
     ]
     for s, r in cap.bindings:
         bind_data(s, data_nodes[r])
@@ -157,3 +163,4 @@ def sync(wait: bool = False) -> None:
     """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`)."""
     metrics.counter_inc("MarkStep")
     sync_states(None, wait=wait)
+    step_closures.run_pending()  # xm.add_step_closure callbacks run after the step's execution

@@ -25,8 +25,13 @@ class Program:
     """The data-free structure of a graph: enough to build its JAX function."""
 
     def __init__(
-        self, nodes: list[Node], pos: dict[int, int], roots: list[tuple[int, int]]
+        self,
+        nodes: list[Node],
+        pos: dict[int, int],
+        roots: list[tuple[int, int]],
+        out_shardings: tuple = (),
     ) -> None:
+        self.out_shardings = out_shardings
         self.steps: list[tuple] = []
         self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
         scalar_slots: dict[np.dtype, int] = {}
@@ -49,6 +54,7 @@ class Program:
 
     def function(self) -> Callable[..., list[jax.Array]]:
         steps, roots, n_dtypes = self.steps, self.roots, len(self.scalar_dtypes)
+        out_shardings = self.out_shardings
 
         def run(data: list[jax.Array], scalars: list[jax.Array]) -> list[jax.Array]:
             env: list[tuple] = []
@@ -90,7 +96,12 @@ class Program:
                             for o, dt in zip((jnp.asarray(o) for o in outs), dtypes)
                         )
                     )
-            return [env[p][k] for p, k in roots]
+            outs = [env[p][k] for p, k in roots]
+            # Annotated roots keep their sharding (see Note [Sharding]).
+            for i, sh in enumerate(out_shardings):
+                if sh is not None:
+                    outs[i] = jax.lax.with_sharding_constraint(outs[i], sh)
+            return outs
 
         return run
 

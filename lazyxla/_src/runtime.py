@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -70,7 +71,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
-def host_to_device(t: torch.Tensor, device: jax.Device | None = None) -> jax.Array:
+def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
     """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData)."""
     with metrics.timed("TransferToDeviceTime"):
         arr = jax.device_put(to_numpy(t), device or default_device())

@@ -64,7 +64,17 @@ class ViewOp:
 class LazyState:
     """The value of one lazy storage (see Note [Lazy tensor identity] and [Views and mutation])."""
 
-    __slots__ = ("value", "spec", "base", "chain", "version", "seen", "seq", "__weakref__")
+    __slots__ = (
+        "value",
+        "spec",
+        "base",
+        "chain",
+        "version",
+        "seen",
+        "seq",
+        "sharding",
+        "__weakref__",
+    )
 
     def __init__(self, value: Value, spec: TensorSpec) -> None:
         self.seq = next(_seq)  # creation order: a sync's roots are ordered by it (stable keys)
@@ -74,6 +84,7 @@ class LazyState:
         self.chain: tuple[ViewOp, ...] = ()
         self.version = 0
         self.seen = 0
+        self.sharding: Any = None  # a sharding.ShardingAnnotation set by mark_sharding
         _live.add(self)
 
     def __del__(self) -> None:

@@ -3,6 +3,7 @@
 from .._src.debug import hlo_text as hlo_text
 from .._src.debug import ir_text as ir_text
 from .._src.debug import stablehlo_text as stablehlo_text
+from .._src.sharding import sharding_spec as sharding_spec
 from . import metrics as metrics
 
-__all__ = ["hlo_text", "ir_text", "metrics", "stablehlo_text"]
+__all__ = ["hlo_text", "ir_text", "metrics", "sharding_spec", "stablehlo_text"]

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from .. import graph, metrics, runtime
+from .. import graph, metrics, runtime, sharding
 from ..dispatch import cast_value, register_kernel
-from ..ir import TensorSpec, device_data
+from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, new_tensor, read, state, write
 
 aten = torch.ops.aten
@@ -26,8 +26,7 @@ def upload(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A CPU tensor → a new lazy tensor holding a device copy."""
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
-    arr = runtime.host_to_device(t)
-    return new_tensor((device_data(arr, _spec(t)), 0), _spec(t))
+    return new_tensor((sharding.upload_node(t), 0), _spec(t))
 
 
 def materialize(t: torch.Tensor) -> Any:

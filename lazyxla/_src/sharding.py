@@ -1,0 +1,526 @@
+"""SPMD: torch_xla's Mesh / partition specs, lowered to JAX `NamedSharding`s over a jax `Mesh`.
+
+# Note [Sharding]
+A torch_xla `Mesh(device_ids, mesh_shape, axis_names)` becomes a jax `Mesh` over the same devices in
+the same order; a partition spec (ints, axis names, tuples of them, None) becomes a `PartitionSpec`
+of axis names, hence a `NamedSharding`. `mark_sharding` records the annotation on the tensor's
+storage state and
+- for device data, reshards the array now (`jax.device_put`), so the sharding is part of the data
+  leaf's descriptor and therefore of the graph key (see Note [Graph hashing]);
+- for a pending value, records an `xla::mark_sharding` node lowered to `with_sharding_constraint`.
+A sync constrains every annotated root to its sharding, so parameters keep their sharding step after
+step; XLA's partitioner (Shardy/GSPMD) propagates everything else. torch_xla's V1 sharding strings
+(`{devices=[1,2,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}`) are produced only for display, from the
+HloSharding of the NamedSharding with tile positions mapped through the mesh's device order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import metrics, runtime
+from .ir import Ref, TensorSpec, device_data
+from .tensor import read, state, write
+
+
+class ShardingType(enum.IntEnum):
+    """torch_xla's sharding types (values match `torch_xla._XLAC.OpSharding`)."""
+
+    REPLICATED = 0
+    MAXIMAL = 1
+    TUPLE = 2
+    TILED = 3
+    MANUAL = 4
+    PARTIAL = 5
+    UNKNOWN = 6
+
+
+_spmd = False
+
+
+def use_spmd(auto: bool = False) -> None:
+    """Enter SPMD mode: device data is replicated over all devices (torch_xla's virtual device).
+
+    Data already on the device moves now, once, so one graph never mixes device sets.
+    """
+    global _spmd
+    if _spmd:
+        return
+    _spmd = True
+    from .tensor import live_states
+
+    replicated = _all_devices_replicated()
+    for s in live_states():
+        node = s.value[0]
+        if node.op == "xla::device_data" and s.base is None and s.sharding is None:
+            arr = jax.device_put(node.data, replicated)
+            s.value = (device_data(arr, s.spec, sharding=replicated), 0)
+
+
+def is_spmd() -> bool:
+    return _spmd
+
+
+def _leave_spmd_for_tests() -> None:
+    """Tests only: leave SPMD mode so later tests in the process run single-device."""
+    global _spmd
+    _spmd = False
+
+
+@functools.cache
+def _all_devices_replicated() -> NamedSharding:
+    devs = np.array(runtime.jax_devices())
+    return NamedSharding(jax.sharding.Mesh(devs, ("_all",)), PartitionSpec())
+
+
+def upload_node(t: torch.Tensor) -> Any:
+    """A device-data node holding a copy of CPU tensor `t`: on one device, or in SPMD mode
+    replicated over all of them."""
+    spec = TensorSpec(tuple(t.shape), t.dtype)
+    if not _spmd:
+        return device_data(runtime.host_to_device(t), spec)
+    placement = _all_devices_replicated()
+    return device_data(runtime.host_to_device(t, placement), spec, sharding=placement)
+
+
+def output_sharding(arr: jax.Array) -> Any:
+    """The descriptor part of an executable's output: its sharding, in SPMD mode."""
+    return arr.sharding if _spmd else None
+
+
+class Mesh:
+    """The logical device topology, as torch_xla's `xs.Mesh`.
+
+    Args:
+        device_ids: device ids in the order the mesh is filled (C order).
+        mesh_shape: the size of each mesh axis.
+        axis_names: optional names of the axes.
+
+    Example:
+        >>> mesh = Mesh(np.arange(8), (4, 2), ("fsdp", "tensor"))
+        >>> mesh.get_logical_mesh()
+        array([[0, 1], [2, 3], [4, 5], [6, 7]])
+    """
+
+    def __init__(
+        self,
+        device_ids: np.ndarray | Sequence[int],
+        mesh_shape: tuple[int, ...],
+        axis_names: tuple[str, ...] | None = None,
+    ) -> None:
+        device_ids = np.asarray(device_ids)
+        mesh_shape = tuple(int(s) for s in mesh_shape)
+        if axis_names is not None:
+            axis_names = tuple(axis_names)
+            if len(mesh_shape) != len(axis_names):
+                raise AssertionError(
+                    f"mesh_shape {mesh_shape} and axis_names {axis_names} must have the same length"
+                )
+            if len(set(axis_names)) != len(axis_names):
+                raise AssertionError(f"axis_names {axis_names} must be unique")
+        if len(device_ids) != np.prod(mesh_shape):
+            raise AssertionError(
+                f"{len(device_ids)} device ids cannot fill a mesh of shape {mesh_shape} "
+                f"({int(np.prod(mesh_shape))} devices)"
+            )
+        if len(device_ids) != len(np.unique(device_ids)):
+            raise AssertionError(f"device_ids must be unique, got {device_ids.tolist()}")
+        self.device_ids = device_ids
+        self.mesh_shape = mesh_shape
+        self.axis_names = axis_names
+        if not all(0 <= d < self.size() for d in device_ids):
+            raise AssertionError(
+                f"device ids {device_ids.tolist()} must lie in [0, {self.size()}) for a mesh of "
+                f"{self.size()} devices"
+            )
+
+    def size(self) -> int:
+        return int(np.prod(self.mesh_shape))
+
+    def shape(self) -> OrderedDict:
+        names = self.axis_names if self.axis_names is not None else range(len(self.mesh_shape))
+        return OrderedDict(zip(names, self.mesh_shape))
+
+    def get_logical_mesh(self) -> np.ndarray:
+        return self.device_ids.reshape(self.mesh_shape)
+
+    def get_axis_name_idx(self, name: str) -> int | None:
+        if self.axis_names is None or name not in self.axis_names:
+            return None
+        return self.axis_names.index(name)
+
+    @property
+    def jax_axis_names(self) -> tuple[str, ...]:
+        return self.axis_names or tuple(f"axis{i}" for i in range(len(self.mesh_shape)))
+
+    @functools.cached_property
+    def jax_mesh(self) -> jax.sharding.Mesh:
+        devices = runtime.jax_devices()
+        if self.size() != len(devices):
+            raise AssertionError(f"{self.mesh_shape} is not mappable over {len(devices)} devices.")
+        arr = np.array([devices[i] for i in self.device_ids]).reshape(self.mesh_shape)
+        return jax.sharding.Mesh(arr, self.jax_axis_names)
+
+    def translate(self, partition_spec: tuple) -> tuple:
+        """A partition spec with names resolved to mesh axis indices (torch_xla's checks)."""
+        out: list[Any] = []
+        for p in partition_spec:
+            if type(p) is tuple:
+                if any(type(x) is tuple for x in p):
+                    raise ValueError("Partition spec cannot contain nested tuples")
+                out.append(self.translate(p))
+            elif p is None or type(p) is int:
+                out.append(p)
+            elif type(p) is str:
+                idx = self.get_axis_name_idx(p)
+                if idx is None:
+                    raise ValueError(f"Axis name {p} is not defined in the given mesh")
+                out.append(idx)
+            else:
+                raise ValueError(f"Spec type {type(p)} is not supported in partition spec")
+        flat = [d for p in out for d in (p if type(p) is tuple else (p,)) if d is not None]
+        if not all(0 <= d < len(self.mesh_shape) for d in flat):
+            raise ValueError(
+                f"partition_spec ({tuple(out)}) contains out of bound index into mesh_shape."
+            )
+        if len(flat) != len(set(flat)):
+            raise ValueError(
+                "Each device mesh dimension should appear at most once in partition_spec "
+                f"{tuple(out)}."
+            )
+        return tuple(out)
+
+    def named_sharding(self, partition_spec: tuple) -> NamedSharding:
+        spec = self.translate(partition_spec)
+        names = self.jax_axis_names
+
+        def name(p: Any) -> Any:
+            if p is None:
+                return None
+            if type(p) is tuple:
+                return tuple(names[i] for i in p)
+            return names[p]
+
+        return NamedSharding(self.jax_mesh, PartitionSpec(*[name(p) for p in spec]))
+
+    def get_op_sharding(self, partition_spec: tuple) -> str:
+        """The sharding as torch_xla's OpSharding string (`{devices=[4,2]0,1,...}`)."""
+        return hlo_string(self.named_sharding(partition_spec), len(partition_spec))
+
+    def __repr__(self) -> str:
+        return f"Mesh(shape={dict(self.shape())}, devices={self.device_ids.tolist()})"
+
+
+class HybridMesh(Mesh):
+    """A mesh over ICI-connected devices within slices and DCN across slices.
+
+    On CPU and GPU there is no physical topology to follow: devices are ordered by id, so this is the
+    plain mesh of shape `ici_mesh_shape * dcn_mesh_shape`, DCN axes outermost.
+    """
+
+    def __init__(
+        self,
+        *,
+        ici_mesh_shape: tuple[int, ...],
+        dcn_mesh_shape: tuple[int, ...] | None = None,
+        axis_names: tuple[str, ...] | None = None,
+    ) -> None:
+        if dcn_mesh_shape is None:
+            dcn_mesh_shape = (1,) * len(ici_mesh_shape)
+        if len(ici_mesh_shape) != len(dcn_mesh_shape):
+            raise AssertionError("ici_mesh_shape and dcn_mesh_shape must have the same rank")
+        self.ici_mesh_shape = tuple(ici_mesh_shape)
+        self.dcn_mesh_shape = tuple(dcn_mesh_shape)
+        mesh_shape = tuple(i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape))
+        n = int(np.prod(mesh_shape))
+        # Slice-major order: each DCN block holds one slice's contiguous device ids.
+        ids = np.arange(n).reshape(tuple(dcn_mesh_shape) + tuple(ici_mesh_shape))
+        r = len(mesh_shape)
+        order = [x for i in range(r) for x in (i, r + i)]
+        ids = ids.transpose(order).reshape(mesh_shape)
+        super().__init__(ids.ravel(), mesh_shape, axis_names)
+
+
+_global_mesh: Mesh | None = None
+
+
+def set_global_mesh(mesh: Mesh) -> None:
+    global _global_mesh
+    _global_mesh = mesh
+
+
+def get_global_mesh() -> Mesh | None:
+    return _global_mesh
+
+
+def get_1d_mesh(axis_name: str | None = None) -> Mesh:
+    n = len(runtime.jax_devices())
+    return Mesh(np.arange(n), (n,), None if axis_name is None else (axis_name,))
+
+
+# --- display -------------------------------------------------------------------------------------
+
+
+def _mesh_device_ids(sharding: NamedSharding) -> list[int]:
+    return [d.id for d in sharding.mesh.devices.flat]
+
+
+def hlo_string(sharding: Any, ndim: int) -> str:
+    """torch_xla's V1 OpSharding text for a jax sharding of a rank-`ndim` array."""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return ""
+    hlo = sharding._to_xla_hlo_sharding(ndim)
+    if hlo.is_manual():
+        return "{manual}"
+    if hlo.is_replicated():
+        return "{replicated}"
+    if hlo.is_maximal():
+        return f"{{maximal device={hlo.tile_assignment_devices()[0]}}}"
+    dims = hlo.tile_assignment_dimensions()
+    positions = hlo.tile_assignment_devices()
+    ids = _mesh_device_ids(sharding) if isinstance(sharding, NamedSharding) else None
+    devs = [ids[p] for p in positions] if ids is not None else list(positions)
+    text = "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs))
+    if hlo.replicate_on_last_tile_dim():
+        text += " last_tile_dim_replicate"
+    return text + "}"
+
+
+def _sharding_of(t: torch.Tensor) -> Any:
+    s = state(t)
+    if s.sharding is not None:
+        return s.sharding.named
+    node = read(s)[0]
+    data = node.data if node.op == "xla::device_data" else None
+    return getattr(data, "sharding", None)
+
+
+def sharding_spec(t: torch.Tensor) -> str:
+    """The tensor's sharding as torch_xla prints it; '' when it has none (single device)."""
+    sh = _sharding_of(unwrap(t))
+    if sh is None:
+        return ""
+    if isinstance(sh, NamedSharding) and sh.mesh.axis_names == ("_all",):
+        return ""  # SPMD mode's implicit replication of unannotated data
+    return hlo_string(sh, t.dim())
+
+
+def sharding_type(t: torch.Tensor) -> ShardingType | None:
+    spec = sharding_spec(t)
+    if not spec:
+        return None
+    if spec == "{replicated}":
+        return ShardingType.REPLICATED
+    if spec == "{manual}":
+        return ShardingType.MANUAL
+    if "last_tile_dim_replicate" in spec:
+        return ShardingType.PARTIAL
+    return ShardingType.TILED
+
+
+# --- annotation ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingAnnotation:
+    mesh: Mesh
+    partition_spec: tuple
+    named: NamedSharding
+
+
+def _constraint_rule(x: Any, sharding: NamedSharding) -> Any:
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _validate(t: torch.Tensor, mesh: Mesh, partition_spec: tuple) -> NamedSharding:
+    n = len(runtime.jax_devices())
+    if mesh.size() != n:
+        raise AssertionError(f"{mesh.mesh_shape} is not mappable over {n} devices.")
+    if len(t.shape) != len(partition_spec):
+        raise AssertionError(
+            f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
+            f"({len(t.shape)})."
+        )
+    return mesh.named_sharding(tuple(partition_spec))
+
+
+def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedSharding) -> None:
+    """Give `t` the sharding `named` (data is resharded now, pending values get a constraint)."""
+    s = state(t)
+    node, k = read(s)
+    spec = s.spec
+    if node.op == "xla::device_data" and s.base is None:
+        with metrics.timed("TransferToDeviceTime"):
+            arr = jax.device_put(node.data, named)
+        s.value = (device_data(arr, spec, sharding=named), 0)
+    else:
+        from .dispatch import emit
+
+        write(s, emit("xla::mark_sharding", _constraint_rule, ((node, k),), (Ref(0), named), spec))
+    s.sharding = ann
+
+
+def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: tuple) -> XLAShardedTensor:
+    """Annotate `t` (in place) with `partition_spec` over `mesh`; returns it as XLAShardedTensor.
+
+    Args:
+        t: a lazyxla tensor (or XLAShardedTensor).
+        mesh: the device mesh.
+        partition_spec: one entry per tensor dim: a mesh axis index or name, a tuple of them (the
+            dim is split over several mesh axes), or None (replicated along that dim).
+
+    Example:
+        >>> xs.mark_sharding(linear.weight, mesh, ("tensor", "fsdp"))
+    """
+    t = unwrap(t)
+    named = _validate(t, mesh, tuple(partition_spec))  # raises before anything changes
+    ann = ShardingAnnotation(mesh, mesh.translate(tuple(partition_spec)), named)
+    annotate(t, ann, named)
+    return XLAShardedTensor.wrap(t)
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Drop `t`'s sharding annotation (its data becomes replicated over the mesh)."""
+    t = unwrap(t)
+    s = state(t)
+    if s.sharding is not None:
+        annotate(t, None, NamedSharding(s.sharding.named.mesh, PartitionSpec()))
+        s.sharding = None
+    return t
+
+
+# --- XLAShardedTensor ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class XLAShard:
+    """One device's piece of a sharded tensor, on the CPU."""
+
+    data: torch.Tensor
+    indices: Any
+    replica_id: int
+    device: str
+    unpadded_data: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.unpadded_data is None:
+            self.unpadded_data = self.data
+
+
+class XLAShardedTensor(torch.Tensor):
+    """A lazyxla tensor seen with its sharding (torch_xla's `XLAShardedTensor`).
+
+    It aliases the global tensor (same storage, same lazy value, so reads and in-place writes are
+    shared); `global_tensor` is the original tensor, with its autograd identity.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    _global: torch.Tensor
+
+    @staticmethod
+    def wrap(t: torch.Tensor) -> XLAShardedTensor:
+        if isinstance(t, XLAShardedTensor):
+            return t
+        out = torch.Tensor._make_subclass(XLAShardedTensor, t, t.requires_grad)
+        out._global = t
+        return out
+
+    @property
+    def global_tensor(self) -> torch.Tensor:
+        return self._global
+
+    @property
+    def sharding_spec(self) -> str:
+        return sharding_spec(self)
+
+    @property
+    def sharding_type(self) -> ShardingType | None:
+        return sharding_type(self)
+
+    def _array(self) -> jax.Array:
+        from . import graph
+
+        s = state(self)
+        graph.sync_states([s])
+        return read(s)[0].data
+
+    @property
+    def local_shards(self) -> list[XLAShard]:
+        arr = self._array()
+        shards = sorted(arr.addressable_shards, key=lambda sh: sh.device.id)
+        out = []
+        for sh in shards:
+            data = runtime.device_to_host(sh.data, self.dtype)
+            idx = [
+                slice(i.start or 0, i.stop if i.stop is not None else n, i.step or 1)
+                for i, n in zip(sh.index, self.shape)
+            ]
+            out.append(
+                XLAShard(data, idx, sh.replica_id, f"{sh.device.platform.upper()}:{sh.device.id}")
+            )
+        return out
+
+    def load_local_shards_(self, shards: list[XLAShard]) -> None:
+        """Replace the data shard by shard (each shard's indices say where it goes)."""
+        full = self.global_tensor.cpu()
+        for sh in shards:
+            full[tuple(sh.indices)] = sh.unpadded_data
+        from .ops.special import upload
+
+        s = state(self)
+        named = _sharding_of(self)
+        new = upload(full)
+        s.value = state(new).value
+        if named is not None:
+            annotate(self, s.sharding, named)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...] | None:
+        s = state(self)
+        return s.sharding.mesh.mesh_shape if s.sharding is not None else None
+
+    def __repr__(self) -> str:
+        return f"XLAShardedTensor({self.global_tensor!r}, sharding={self.sharding_spec!r})"
+
+
+def unwrap(t: torch.Tensor) -> torch.Tensor:
+    return t._global if isinstance(t, XLAShardedTensor) else t
+
+
+def wrap_if_sharded(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor):
+        if x.device.type == "jax" and sharding_type(x) is not None:
+            return XLAShardedTensor.wrap(x)
+    return x
+
+
+@dataclasses.dataclass
+class ShardingSpec:
+    """A reusable (mesh, partition spec) pair; `minibatch` marks per-host batch shards."""
+
+    mesh: Mesh
+    partition_spec: tuple
+    minibatch: bool = False
+
+    def __post_init__(self) -> None:
+        self.mesh.translate(tuple(self.partition_spec))
+
+    def can_apply(self, t: torch.Tensor) -> bool:
+        return len(t.shape) == len(self.partition_spec)
+
+    def apply(self, t: torch.Tensor) -> XLAShardedTensor:
+        return mark_sharding(t, self.mesh, self.partition_spec)
+
+
+def spec_of(t: torch.Tensor) -> TensorSpec:
+    return state(t).spec

@@ -1,0 +1,33 @@
+"""torch_xla's SPMD sharding API (`torch_xla.distributed.spmd`, imported as `xs`)."""
+
+from ..._src.sharding import HybridMesh as HybridMesh
+from ..._src.sharding import Mesh as Mesh
+from ..._src.sharding import ShardingSpec as ShardingSpec
+from ..._src.sharding import ShardingType as ShardingType
+from ..._src.sharding import XLAShard as XLAShard
+from ..._src.sharding import XLAShardedTensor as XLAShardedTensor
+from ..._src.sharding import clear_sharding as clear_sharding
+from ..._src.sharding import get_1d_mesh as get_1d_mesh
+from ..._src.sharding import get_global_mesh as get_global_mesh
+from ..._src.sharding import is_spmd as is_spmd
+from ..._src.sharding import mark_sharding as mark_sharding
+from ..._src.sharding import set_global_mesh as set_global_mesh
+from ..._src.sharding import use_spmd as use_spmd
+from ..._src.sharding import wrap_if_sharded as wrap_if_sharded
+
+__all__ = [
+    "HybridMesh",
+    "Mesh",
+    "ShardingSpec",
+    "ShardingType",
+    "XLAShard",
+    "XLAShardedTensor",
+    "clear_sharding",
+    "get_1d_mesh",
+    "get_global_mesh",
+    "is_spmd",
+    "mark_sharding",
+    "set_global_mesh",
+    "use_spmd",
+    "wrap_if_sharded",
+]
