@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 import torch
 
-from . import graph, random_state, runtime
-from .tensor import DEVICE_TYPE
+from . import graph, ir, random_state, runtime
+from .config import FLAGS
+from .tensor import DEVICE_TYPE, state
 
 
 def device(index: int | None = None) -> torch.device:
@@ -34,3 +42,187 @@ def sync(wait: bool = False) -> None:
 def manual_seed(seed: int) -> None:
     """Seed the device RNG (also done by `torch.manual_seed`)."""
     random_state.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def step() -> Iterator[None]:
+    """A region that is one step: pending work is synced on entry and the step's graph on exit.
+
+    Like `torch_xla.step()`, the entry sync keeps work recorded before the region out of the step's
+    graph. If the body raises, nothing is synced on exit.
+
+    Example:
+        >>> with lazyxla.step():
+        ...     loss = model(x).sum(); loss.backward(); opt.step()
+    """
+    sync()
+    yield
+    sync()
+
+
+# --- graph identity ------------------------------------------------------------------------------
+
+
+def _capture(tensors: Sequence[torch.Tensor] | None) -> graph.Capture:
+    states = None if tensors is None else [state(t) for t in tensors]
+    return graph.Capture(graph.pending_states(states))
+
+
+def _expand(part: Any) -> Any:
+    if isinstance(part, tuple):
+        return (ir._desc_list[part[0]], part[1])
+    return ir._desc_list[part]
+
+
+def graph_hash(tensors: Sequence[torch.Tensor] | None = None) -> bytes:
+    """A 16-byte hash of the pending graph computing `tensors` (all live tensors if None).
+
+    Built from the same data-free key as the compile cache (see Note [Graph hashing]): new data
+    gives the same hash, a new shape or op a different one.
+    """
+    return _key_hash(_capture(tensors).key)
+
+
+def _key_hash(key: tuple) -> bytes:
+    return hashlib.md5(repr(([_expand(p) for p in key[0]], key[1:])).encode()).digest()
+
+
+class GraphSummary:
+    """What a user can recognise in a graph: its input shapes and its op sequence."""
+
+    def __init__(self, cap: graph.Capture) -> None:
+        self.inputs = [ir.shape_str(n.specs[0]) for n in cap.nodes if n.op == ir.DEVICE_DATA]
+        self.ops = [n.op for n in cap.nodes if not n.is_leaf]
+
+    def diff(self, other: GraphSummary) -> str:
+        """How `self` differs from an earlier graph `other`, in words."""
+        if self.inputs != other.inputs:
+            return f"input shapes changed from [{', '.join(other.inputs)}] to [{', '.join(self.inputs)}]"
+        for i, (a, b) in enumerate(zip(other.ops, self.ops)):
+            if a != b:
+                return f"the traced ops changed: op #{i} was {a}, now {b}"
+        if len(self.ops) != len(other.ops):
+            return f"the number of traced ops changed from {len(other.ops)} to {len(self.ops)}"
+        return "an op's static arguments (a Python scalar baked into the graph, a dtype or a shape) changed"
+
+
+# --- compile -------------------------------------------------------------------------------------
+
+
+class _Compile(contextlib.ContextDecorator):
+    """The object `compile()` returns: a context manager that is also a decorator."""
+
+    def __init__(self, name: str | None, full_graph: bool, max_different_graphs: int | None):
+        self.name = name
+        self.full_graph = full_graph
+        self.max_different_graphs = max_different_graphs
+        self.graphs: dict[bytes, GraphSummary] = {}
+        self._saved: list[bool] = []
+
+    def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        if self.name is None:
+            self.name = getattr(f, "__name__", None) or str(f)
+        return functools.wraps(f)(super().__call__(f))
+
+    def __enter__(self) -> _Compile:
+        sync()  # pending work from before the region is not part of the compiled graph
+        self._saved.append(graph._allow_execution)
+        if self.full_graph:
+            graph.set_allow_execution(False)
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        graph.set_allow_execution(self._saved.pop())
+        if exc_type is not None:
+            return
+        if self.max_different_graphs is not None:
+            self._count_graph()
+        sync()
+
+    def _count_graph(self) -> None:
+        cap = _capture(None)
+        h = _key_hash(cap.key)
+        if h in self.graphs:
+            return
+        summary = GraphSummary(cap)
+        if len(self.graphs) >= self.max_different_graphs:
+            last = next(reversed(self.graphs.values()))
+            raise RuntimeError(
+                f"{self.name or 'the compiled region'} produced {len(self.graphs) + 1} different "
+                f"graphs, exceeding max_different_graphs={self.max_different_graphs}: "
+                f"{summary.diff(last)}. Keep shapes static (pad inputs, drop the last partial "
+                "batch) or raise max_different_graphs."
+            )
+        self.graphs[h] = summary
+
+
+def compile(
+    f: Callable[..., Any] | None = None,
+    full_graph: bool = False,
+    name: str | None = None,
+    max_different_graphs: int | None = None,
+) -> Any:
+    """Trace `f` (or a `with` block) into one graph, as `torch_xla.compile`.
+
+    Pending work is synced on entry; the region's graph is synced on exit.
+
+    Args:
+        f: the function to compile. If None, the result is a context manager that is also a
+            decorator (`@lazyxla.compile()` or `with lazyxla.compile():`).
+        full_graph: if True, anything that forces an execution inside the region (`.item()`,
+            `.cpu()`, `print(t)`) raises `ExecutionNotAllowed` (a `RuntimeError`) instead of
+            silently splitting the graph.
+        name: the name used in errors; defaults to `f.__name__`.
+        max_different_graphs: raise a `RuntimeError`, naming what changed, once the region has
+            produced more distinct graphs than this (a shape that changes every step recompiles
+            every step).
+
+    Returns:
+        The wrapped function, or the context manager / decorator if `f` is None.
+
+    Example:
+        >>> @lazyxla.compile(full_graph=True)
+        ... def train_step(x, y):
+        ...     loss = loss_fn(model(x), y); loss.backward(); opt.step(); return loss
+    """
+    c = _Compile(name, full_graph, max_different_graphs)
+    return c if f is None else c(f)
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    start_method: str = "spawn",
+    debug_single_process: bool = False,
+) -> Any:
+    """Run `fn(index, *args)` once per process, as `torch_xla.launch`; lazyxla runs one process.
+
+    Returns:
+        `fn`'s result for process 0.
+    """
+    del start_method, debug_single_process
+    return fn(0, *args)
+
+
+# --- environment ---------------------------------------------------------------------------------
+
+
+def _write_metrics_file(path: str) -> None:
+    from .metrics import metrics_report
+
+    with open(path, "a") as f:
+        f.write(metrics_report())
+
+
+def apply_environment() -> None:
+    """Act on torch_xla's environment variables that need an action at import.
+
+    `XLA_USE_SPMD=1` enters SPMD mode; `XLA_METRICS_FILE=path` writes the metrics report there at
+    exit.
+    """
+    if FLAGS.use_spmd:
+        from . import runtime_api
+
+        runtime_api.use_spmd()
+    if FLAGS.metrics_file:
+        atexit.register(_write_metrics_file, FLAGS.metrics_file)

@@ -33,6 +33,12 @@ _FLAGS: dict[str, Flag] = {
         False,
         "Record the user's source line on every IR node (shown in IR text and compile errors).",
     ),
+    "use_spmd": Flag(
+        "XLA_USE_SPMD",
+        bool,
+        False,
+        "Start in SPMD mode, as if torch_xla.runtime.use_spmd() were called at import.",
+    ),
     "metrics_file": Flag(
         "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
     ),

@@ -224,8 +224,8 @@ class Mesh:
 class HybridMesh(Mesh):
     """A mesh over ICI-connected devices within slices and DCN across slices.
 
-    On CPU and GPU there is no physical topology to follow: devices are ordered by id, so this is the
-    plain mesh of shape `ici_mesh_shape * dcn_mesh_shape`, DCN axes outermost.
+    On CPU and GPU there is no physical topology to follow: devices are ordered by id, so this is
+    the plain mesh of shape `ici_mesh_shape * dcn_mesh_shape`, DCN axes outermost.
     """
 
     def __init__(
@@ -465,9 +465,8 @@ class XLAShardedTensor(torch.Tensor):
                 slice(i.start or 0, i.stop if i.stop is not None else n, i.step or 1)
                 for i, n in zip(sh.index, self.shape)
             ]
-            out.append(
-                XLAShard(data, idx, sh.replica_id, f"{sh.device.platform.upper()}:{sh.device.id}")
-            )
+            where = f"{sh.device.platform.upper()}:{sh.device.id}"
+            out.append(XLAShard(data, idx, sh.replica_id, where))
         return out
 
     def load_local_shards_(self, shards: list[XLAShard]) -> None:

@@ -11,6 +11,9 @@ from .registry import is_const, lowering, register
 
 aten = torch.ops.aten
 
+# Ops PyTorch implements as CompositeImplicitAutograd (square, positive, isfinite, outer) have no
+# lowering on purpose: a PrivateUse1 kernel would replace their decomposition *and* their autograd
+# formula, leaving them without a gradient.
 _UNARY = {
     aten.abs.default: jnp.abs,
     aten.neg.default: jnp.negative,
@@ -54,12 +57,9 @@ _UNARY = {
     aten.bitwise_not.default: lambda x: jnp.logical_not(x) if x.dtype == bool else ~x,
     aten.isnan.default: jnp.isnan,
     aten.isinf.default: jnp.isinf,
-    aten.isfinite.default: jnp.isfinite,
     aten.lgamma.default: jax.scipy.special.gammaln,
     aten.digamma.default: jax.scipy.special.digamma,
-    aten.square.default: jnp.square,
     aten.signbit.default: jnp.signbit,
-    aten.positive.default: lambda x: x,
     aten.deg2rad.default: jnp.deg2rad,
     aten.rad2deg.default: jnp.rad2deg,
     aten.i0.default: jax.scipy.special.i0,
@@ -100,8 +100,20 @@ _BINARY = {
     aten.xlogy.Tensor: jax.scipy.special.xlogy,
 }
 
+def _opmath(*xs):
+    """bf16/f16 arrays as float32: PyTorch computes reduced-precision floats in float32 ("opmath")
+    and rounds once; the output is cast back to the recorded dtype by the lowering."""
+    out = tuple(
+        x.astype(jnp.float32)
+        if hasattr(x, "dtype") and x.dtype in (jnp.bfloat16, jnp.float16)
+        else x
+        for x in xs
+    )
+    return out if len(out) != 1 else out[0]
+
+
 for _op, _fn in _UNARY.items():
-    register(_op, lambda x, _fn=_fn: _fn(x))
+    register(_op, lambda x, _fn=_fn: _fn(_opmath(x)))
 for _op, _fn in _BINARY.items():
     register(_op, lambda x, y, _fn=_fn: _fn(x, y))
 
@@ -226,28 +238,33 @@ def masked_fill(x, mask, value):
 
 @lowering(aten.gelu.default)
 def gelu(x, approximate="none"):
+    x = _opmath(x)
     return jax.nn.gelu(x, approximate=approximate == "tanh")
 
 
 @lowering(aten.gelu_backward.default)
 def gelu_backward(grad, x, approximate="none"):
+    grad, x = _opmath(grad, x)
     _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
     return vjp(grad)[0]
 
 
 @lowering(aten.silu_backward.default)
 def silu_backward(grad, x):
+    grad, x = _opmath(grad, x)
     s = jax.nn.sigmoid(x)
     return grad * s * (1 + x * (1 - s))
 
 
 @lowering(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
+    grad, y = _opmath(grad, y)
     return grad * y * (1 - y)
 
 
 @lowering(aten.tanh_backward.default)
 def tanh_backward(grad, y):
+    grad, y = _opmath(grad, y)
     return grad * (1 - y * y)
 
 
@@ -283,11 +300,13 @@ def hardtanh_backward(grad, x, min_val, max_val):
 
 @lowering(aten.elu.default)
 def elu(x, alpha=1, scale=1, input_scale=1):
+    x = _opmath(x)
     return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
 
 
 @lowering(aten.softplus.default)
 def softplus(x, beta=1, threshold=20):
+    x = _opmath(x)
     bx = x * beta
     return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
 
@@ -312,3 +331,20 @@ def logit(x, eps=None):
 @lowering(aten.nan_to_num.default)
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@lowering(aten.elu_backward.default)
+def elu_backward(grad, alpha, scale, input_scale, is_result, x):
+    grad, x = _opmath(grad, x)
+    if is_result:  # x is elu's output
+        neg = grad * input_scale * (x + alpha * scale)
+    else:
+        neg = grad * input_scale * alpha * scale * jnp.exp(x * input_scale)
+    return jnp.where(x > 0, grad * scale, neg)
+
+
+@lowering(aten.softplus_backward.default)
+def softplus_backward(grad, x, beta, threshold):
+    grad, x = _opmath(grad, x)
+    bx = x * beta
+    return jnp.where(bx > threshold, grad, grad * jax.nn.sigmoid(bx))

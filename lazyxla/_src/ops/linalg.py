@@ -52,8 +52,3 @@ def dot(a, b):
 @lowering(aten.mv.default)
 def mv(a, b):
     return jnp.matmul(a, b, precision=_HIGHEST)
-
-
-@lowering(aten.outer.default)
-def outer(a, b):
-    return jnp.outer(a, b)

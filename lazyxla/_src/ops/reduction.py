@@ -189,10 +189,13 @@ def cumprod(x, dim, dtype=None):
 @lowering(aten.sort.default)
 def sort(x, dim=-1, descending=False):
     d = _dims(x, dim)[0] if x.ndim else 0
-    idx = jnp.argsort(-x if descending and x.dtype != jnp.bool_ else x, axis=d, stable=True)
-    if descending and x.dtype == jnp.bool_:
-        idx = jnp.argsort(~x, axis=d, stable=True)
+    idx = jnp.argsort(x, axis=d, stable=True, descending=descending)
     return jnp.take_along_axis(x, idx, axis=d), idx
+
+
+@lowering(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return sort(x, dim, descending)
 
 
 @lowering(aten.topk.default)
