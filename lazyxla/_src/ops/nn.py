@@ -419,3 +419,19 @@ def mse_loss(x, y, reduction=1):
 def mse_loss_backward(grad, x, y, reduction):
     g = 2 * (x - y) * grad
     return g / x.size if reduction == 1 else g
+
+
+@lowering(aten._fused_rms_norm_backward.default)
+def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    xhat = xf * rstd
+    g = grad.astype(xf.dtype)
+    gxhat = g * weight if weight is not None else g
+    n = 1
+    for s in normalized_shape:
+        n *= s
+    gx = rstd * (gxhat - xhat * jnp.sum(gxhat * xhat, axis=axes, keepdims=True) / n)
+    red = tuple(range(x.ndim - len(normalized_shape)))
+    gw = jnp.sum(g * xhat, axis=red) if weight is not None and output_mask[1] else None
+    return (gx.astype(x.dtype) if output_mask[0] else None), gw
