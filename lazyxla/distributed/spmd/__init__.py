@@ -14,6 +14,14 @@ from ..._src.sharding import mark_sharding as mark_sharding
 from ..._src.sharding import set_global_mesh as set_global_mesh
 from ..._src.sharding import use_spmd as use_spmd
 from ..._src.sharding import wrap_if_sharded as wrap_if_sharded
+from ..._src.spmd_model import XLAPatchedLinear as XLAPatchedLinear
+from ..._src.spmd_model import (
+    apply_backward_optimization_barrier as apply_backward_optimization_barrier,
+)
+from ..._src.spmd_model import xla_patched_nn_linear_forward as xla_patched_nn_linear_forward
+from . import debugging as debugging
+from .debugging import visualize_sharding as visualize_sharding
+from .debugging import visualize_tensor_sharding as visualize_tensor_sharding
 
 __all__ = [
     "HybridMesh",
@@ -21,7 +29,9 @@ __all__ = [
     "ShardingSpec",
     "ShardingType",
     "XLAShard",
+    "XLAPatchedLinear",
     "XLAShardedTensor",
+    "apply_backward_optimization_barrier",
     "clear_sharding",
     "get_1d_mesh",
     "get_global_mesh",
@@ -29,5 +39,8 @@ __all__ = [
     "mark_sharding",
     "set_global_mesh",
     "use_spmd",
+    "visualize_sharding",
+    "visualize_tensor_sharding",
     "wrap_if_sharded",
+    "xla_patched_nn_linear_forward",
 ]
