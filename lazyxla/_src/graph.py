@@ -74,7 +74,8 @@ class Capture:
             if r is None:
                 r = root_index[k] = len(root_values)
                 root_values.append(v)
-                out_shardings.append(s.sharding.named if s.sharding is not None else None)
+                ann = s.sharding
+                out_shardings.append(getattr(ann, "named", None))
             self.bindings.append((s, r))
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values

@@ -30,13 +30,15 @@ class Program:
         pos: dict[int, int],
         roots: list[tuple[int, int]],
         out_shardings: tuple = (),
+        leaf_ids: set[int] | frozenset[int] = frozenset(),
     ) -> None:
+        """`leaf_ids`: nodes to read as data inputs (a manual region's entries and leaves)."""
         self.out_shardings = out_shardings
         self.steps: list[tuple] = []
         self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
         scalar_slots: dict[np.dtype, int] = {}
         for n in nodes:
-            if n.op == DEVICE_DATA:
+            if n.op == DEVICE_DATA or id(n) in leaf_ids:
                 self.steps.append((DATA,))
             elif n.op == SCALAR:
                 dt = jnp_dtype(n.specs[0].dtype)

@@ -298,6 +298,8 @@ def hlo_string(sharding: Any, ndim: int) -> str:
 
 def _sharding_of(t: torch.Tensor) -> Any:
     s = state(t)
+    if s.sharding is MANUAL:
+        return None
     if s.sharding is not None:
         return s.sharding.named
     node = read(s)[0]
@@ -305,8 +307,13 @@ def _sharding_of(t: torch.Tensor) -> Any:
     return getattr(data, "sharding", None)
 
 
+MANUAL = "manual"  # state.sharding of a manual region's local shard (see Note [Manual sharding])
+
+
 def sharding_spec(t: torch.Tensor) -> str:
     """The tensor's sharding as torch_xla prints it; '' when it has none (single device)."""
+    if state(unwrap(t)).sharding is MANUAL:
+        return "{manual}"
     sh = _sharding_of(unwrap(t))
     if sh is None:
         return ""

@@ -1,5 +1,7 @@
 """torch_xla's SPMD sharding API (`torch_xla.distributed.spmd`, imported as `xs`)."""
 
+from ..._src.manual import disable_manual_sharding as disable_manual_sharding
+from ..._src.manual import enable_manual_sharding as enable_manual_sharding
 from ..._src.sharding import HybridMesh as HybridMesh
 from ..._src.sharding import Mesh as Mesh
 from ..._src.sharding import ShardingSpec as ShardingSpec
@@ -33,6 +35,8 @@ __all__ = [
     "XLAShardedTensor",
     "apply_backward_optimization_barrier",
     "clear_sharding",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
     "is_spmd",

@@ -1,0 +1,310 @@
+"""Manual sharding regions, lowered to `jax.shard_map`, and the collectives used inside them.
+
+# Note [Manual sharding]
+`enable_manual_sharding(t, spec)` shards `t` and returns its *local shard* as a new lazy tensor (an
+`xla::full_to_shard` node). Ops on it record as usual, with local shapes; collectives
+(`xm.all_reduce`, ...) on such values record collective nodes over mesh axes.
+`disable_manual_sharding(t, spec, full_shape)` closes the region: it walks the IR back from `t` to
+the region's entries (the `full_to_shard` nodes) and leaves (device data, lifted scalars), and
+replaces the region by one `xla::shard_map` node whose inputs are the entries' full tensors and the
+leaves (replicated). Its rule interprets the region with the same `Program` as a whole graph,
+inside `jax.shard_map`; its static arguments carry the region's structural key, so the graph cache
+tells regions apart (see Note [Graph hashing]). Closing nothing and syncing an open region is an
+error that says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+from jax.sharding import PartitionSpec
+
+from . import sharding as xs
+from .dispatch import emit
+from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec
+from .lower import Program
+from .tensor import new_tensor, read, state
+
+FULL_TO_SHARD = "xla::full_to_shard"
+
+
+class ManualRegionError(RuntimeError):
+    pass
+
+
+def _open_region_rule(x: Any, *statics: Any) -> Any:
+    raise ManualRegionError(
+        "a manual sharding region was never closed: call "
+        "xs.disable_manual_sharding(t, partition_spec, full_shape) on its outputs before the sync"
+    )
+
+
+def _local_shape(shape: tuple[int, ...], mesh: xs.Mesh, spec: tuple) -> tuple[int, ...]:
+    sizes = mesh.mesh_shape
+    out = []
+    for n, p in zip(shape, spec):
+        if p is None:
+            out.append(n)
+            continue
+        k = int(np.prod([sizes[i] for i in (p if type(p) is tuple else (p,))]))
+        if n % k:
+            raise ValueError(f"dim of size {n} cannot be split evenly into {k} manual shards")
+        out.append(n // k)
+    return tuple(out)
+
+
+def _pspec(mesh: xs.Mesh, spec: tuple) -> PartitionSpec:
+    return mesh.named_sharding(spec).spec
+
+
+def enable_manual_sharding(
+    t: torch.Tensor, partition_spec: tuple, *, mesh: xs.Mesh | None = None
+) -> xs.XLAShardedTensor:
+    """Shard `t` and return its local shard; ops on it are per-device until disabled."""
+    mesh = mesh or xs.get_global_mesh()
+    if mesh is None:
+        raise ValueError("enable_manual_sharding needs a mesh: pass mesh= or set_global_mesh")
+    t = xs.unwrap(xs.mark_sharding(t, mesh, partition_spec))
+    spec = mesh.translate(tuple(partition_spec))
+    local = TensorSpec(_local_shape(tuple(t.shape), mesh, spec), t.dtype)
+    value = emit(FULL_TO_SHARD, _open_region_rule, (read(state(t)),), (Ref(0), mesh, spec), local)
+    out = new_tensor(value, local)
+    state(out).sharding = xs.MANUAL
+    return xs.XLAShardedTensor.wrap(out)
+
+
+def _region(root: tuple[Node, int]) -> tuple[list[Node], list[Node]]:
+    """Post-order of the region ending at `root`, and its leaves (entries first)."""
+    order: list[Node] = []
+    leaves: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root[0], False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op in (FULL_TO_SHARD, DEVICE_DATA, SCALAR):
+            leaves.append(node)
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for inp, _ in reversed(node.inputs):
+            stack.append((inp, False))
+    if not any(n.op == FULL_TO_SHARD for n in leaves):
+        raise ValueError("disable_manual_sharding: the tensor does not come from a manual region")
+    return order, leaves
+
+
+def _region_key(order: list[Node], leaves: list[Node]) -> tuple:
+    pos = {id(n): i for i, n in enumerate(order)}
+    parts = []
+    for n in order:
+        if n.op == FULL_TO_SHARD or not n.inputs:
+            parts.append(n.desc)
+        else:
+            parts.append((n.desc, tuple((pos[id(x)], k) for x, k in n.inputs)))
+    return tuple(parts)
+
+
+def disable_manual_sharding(
+    t: torch.Tensor,
+    partition_spec: tuple,
+    full_shape: Sequence[int],
+    *,
+    mesh: xs.Mesh | None = None,
+) -> xs.XLAShardedTensor:
+    """Close the manual region producing `t`: the result is the full tensor, sharded by spec."""
+    mesh = mesh or xs.get_global_mesh()
+    if mesh is None:
+        raise ValueError("disable_manual_sharding needs a mesh: pass mesh= or set_global_mesh")
+    t = xs.unwrap(t)
+    spec = mesh.translate(tuple(partition_spec))
+    full = TensorSpec(tuple(full_shape), t.dtype)
+    if _local_shape(full.shape, mesh, spec) != tuple(t.shape):
+        raise ValueError(
+            f"a local shard of shape {tuple(t.shape)} does not tile full_shape "
+            f"{tuple(full_shape)} under partition spec {tuple(partition_spec)}"
+        )
+    root = read(state(t))
+    order, leaves = _region(root)
+    pos = {id(n): i for i, n in enumerate(order)}
+    program = Program(order, pos, [(pos[id(root[0])], root[1])], leaf_ids={id(n) for n in leaves})
+    inputs: list[tuple[Node, int]] = []
+    in_specs: list[PartitionSpec] = []
+    for leaf in leaves:
+        if leaf.op == FULL_TO_SHARD:
+            inputs.append(leaf.inputs[0])
+            in_specs.append(_pspec(mesh, leaf.args[2]))
+        else:
+            inputs.append((leaf, 0))
+            in_specs.append(PartitionSpec())
+    out_spec = _pspec(mesh, spec)
+    body = program.function()
+    jmesh = mesh.jax_mesh
+
+    def rule(*arrays: Any, **_: Any) -> Any:
+        fn = jax.shard_map(
+            lambda *xs_: body(list(xs_), [])[0],
+            mesh=jmesh,
+            in_specs=tuple(in_specs),
+            out_specs=out_spec,
+            check_vma=False,
+        )
+        return fn(*arrays[: len(inputs)])
+
+    key = (_region_key(order, leaves), tuple(in_specs), out_spec, jmesh)
+    args = (*(Ref(i) for i in range(len(inputs))), key)
+    node = Node("xla::shard_map", rule, tuple(inputs), args, (), (full,))
+    out = new_tensor((node, 0), full)
+    return xs.mark_sharding(out, mesh, partition_spec)
+
+
+# --- collectives inside a manual region -----------------------------------------------------------
+
+
+def manual_mesh(t: torch.Tensor) -> xs.Mesh | None:
+    """The mesh of the manual region `t` belongs to, or None outside any region."""
+    stack = [read(state(t))[0]]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op == FULL_TO_SHARD:
+            return n.args[1]
+        stack.extend(x for x, _ in n.inputs)
+    return None
+
+
+def axes_for_groups(mesh: xs.Mesh, groups: Sequence[Sequence[int]] | None) -> tuple[str, ...]:
+    """The mesh axes whose replica groups are `groups` (all axes when None)."""
+    names = mesh.jax_axis_names
+    if not groups:
+        return names
+    want = {frozenset(g) for g in groups}
+    logical = mesh.get_logical_mesh()
+    r = len(names)
+    for k in range(1, r + 1):
+        for axes in itertools.combinations(range(r), k):
+            rest = [d for d in range(r) if d not in axes]
+            moved = np.transpose(logical, rest + list(axes)).reshape(
+                -1, int(np.prod([logical.shape[a] for a in axes]))
+            )
+            if {frozenset(row.tolist()) for row in moved} == want:
+                return tuple(names[a] for a in axes)
+    raise ValueError(
+        f"replica groups {groups} do not match any set of axes of mesh {mesh.mesh_shape}; "
+        "groups must be the devices varying along whole mesh axes"
+    )
+
+
+_REDUCERS = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
+def _all_reduce_rule(x: Any, reduce_type: str, axes: tuple, scale: float) -> Any:
+    if reduce_type not in _REDUCERS:
+        raise NotImplementedError(f"all_reduce {reduce_type!r} inside a manual region")
+    out = _REDUCERS[reduce_type](x, axes)
+    return out * scale if scale != 1.0 else out
+
+
+def _all_gather_rule(x: Any, dim: int, axes: tuple) -> Any:
+    return jax.lax.all_gather(x, axes, axis=dim, tiled=True)
+
+
+def _reduce_scatter_rule(x: Any, dim: int, axes: tuple, scale: float) -> Any:
+    out = jax.lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True)
+    return out * scale if scale != 1.0 else out
+
+
+def _all_to_all_rule(x: Any, split: int, concat: int, axes: tuple) -> Any:
+    return jax.lax.all_to_all(x, axes, split, concat, tiled=True)
+
+
+def _permute_rule(x: Any, axes: tuple, perm: tuple) -> Any:
+    return jax.lax.ppermute(x, axes, perm)
+
+
+def _collective(name: str, rule: Any, t: torch.Tensor, statics: tuple, spec: TensorSpec) -> Any:
+    v = emit(name, rule, (read(state(t)),), (Ref(0), *statics), spec)
+    return new_tensor(v, spec)
+
+
+def all_reduce(t: torch.Tensor, mesh: xs.Mesh, reduce_type: str, scale: float, groups: Any) -> Any:
+    axes = axes_for_groups(mesh, groups)
+    spec = state(t).spec
+    return _collective(
+        "xla::all_reduce", _all_reduce_rule, t, (reduce_type, axes, float(scale)), spec
+    )
+
+
+def all_gather(t: torch.Tensor, mesh: xs.Mesh, dim: int, groups: Any) -> Any:
+    axes = axes_for_groups(mesh, groups)
+    dim = dim % t.dim()
+    n = int(np.prod([dict(zip(mesh.jax_axis_names, mesh.mesh_shape))[a] for a in axes]))
+    shape = list(t.shape)
+    shape[dim] *= n
+    return _collective(
+        "xla::all_gather", _all_gather_rule, t, (dim, axes), TensorSpec(tuple(shape), t.dtype)
+    )
+
+
+def reduce_scatter(
+    t: torch.Tensor, mesh: xs.Mesh, reduce_type: str, scale: float, dim: int, groups: Any
+) -> Any:
+    if reduce_type != "sum":
+        raise NotImplementedError(f"reduce_scatter {reduce_type!r} inside a manual region")
+    axes = axes_for_groups(mesh, groups)
+    dim = dim % t.dim()
+    n = int(np.prod([dict(zip(mesh.jax_axis_names, mesh.mesh_shape))[a] for a in axes]))
+    shape = list(t.shape)
+    shape[dim] //= n
+    return _collective(
+        "xla::reduce_scatter",
+        _reduce_scatter_rule,
+        t,
+        (dim, axes, float(scale)),
+        TensorSpec(tuple(shape), t.dtype),
+    )
+
+
+def all_to_all(t: torch.Tensor, mesh: xs.Mesh, split: int, concat: int, groups: Any) -> Any:
+    axes = axes_for_groups(mesh, groups)
+    n = int(np.prod([dict(zip(mesh.jax_axis_names, mesh.mesh_shape))[a] for a in axes]))
+    shape = list(t.shape)
+    shape[split % t.dim()] //= n
+    shape[concat % t.dim()] *= n
+    return _collective(
+        "xla::all_to_all",
+        _all_to_all_rule,
+        t,
+        (split % t.dim(), concat % t.dim(), axes),
+        TensorSpec(tuple(shape), t.dtype),
+    )
+
+
+def collective_permute(t: torch.Tensor, mesh: xs.Mesh, pairs: Sequence[Sequence[int]]) -> Any:
+    ids = mesh.device_ids.tolist()
+    perm = tuple((ids.index(a), ids.index(b)) for a, b in pairs)
+    return _collective(
+        "xla::collective_permute", _permute_rule, t, (mesh.jax_axis_names, perm), state(t).spec
+    )
+
+
+def in_manual_region(tensors: Sequence[torch.Tensor]) -> xs.Mesh | None:
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type == "jax":
+            m = manual_mesh(t)
+            if m is not None:
+                return m
+    return None
