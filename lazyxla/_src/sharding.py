@@ -530,3 +530,30 @@ class ShardingSpec:
 
 def spec_of(t: torch.Tensor) -> TensorSpec:
     return state(t).spec
+
+
+class _ShardWithGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
+        ctx.mesh, ctx.spec = mesh, spec
+        out = t.clone()
+        mark_sharding(out, mesh, spec)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        grad = grad.clone()
+        mark_sharding(grad, ctx.mesh, ctx.spec)
+        return grad, None, None
+
+
+def mark_sharding_with_gradients(
+    t: torch.Tensor, mesh: Mesh, partition_spec: tuple
+) -> torch.Tensor:
+    """`mark_sharding` whose annotation also applies to the gradient in the backward pass.
+
+    Unlike `mark_sharding` this is not in place: use the returned tensor.
+    """
+    t = unwrap(t)
+    _validate(t, mesh, tuple(partition_spec))
+    return _ShardWithGradients.apply(t, mesh, tuple(partition_spec))

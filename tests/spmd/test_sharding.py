@@ -186,3 +186,13 @@ def test_sharded_matmul_hlo_has_collective(mesh):
     cap = graph.Capture([state(c)])
     compiled_text = graph.compile_capture(cap).as_text()
     assert "all-reduce" in compiled_text or "reduce-scatter" in compiled_text
+
+
+def test_mark_sharding_with_gradients(mesh):
+    x = torch.randn(8, 8, requires_grad=True)
+    xd = x.detach().to(dev).requires_grad_()
+    y = xs.mark_sharding_with_gradients(xd, mesh, ("x", None))
+    assert lazyxla.debug.sharding_spec(y).startswith("{devices=[4,1,2]")
+    (y * y).sum().backward()
+    (x * x).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)

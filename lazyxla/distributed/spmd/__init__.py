@@ -13,6 +13,7 @@ from ..._src.sharding import get_1d_mesh as get_1d_mesh
 from ..._src.sharding import get_global_mesh as get_global_mesh
 from ..._src.sharding import is_spmd as is_spmd
 from ..._src.sharding import mark_sharding as mark_sharding
+from ..._src.sharding import mark_sharding_with_gradients as mark_sharding_with_gradients
 from ..._src.sharding import set_global_mesh as set_global_mesh
 from ..._src.sharding import use_spmd as use_spmd
 from ..._src.sharding import wrap_if_sharded as wrap_if_sharded
@@ -41,6 +42,7 @@ __all__ = [
     "get_global_mesh",
     "is_spmd",
     "mark_sharding",
+    "mark_sharding_with_gradients",
     "set_global_mesh",
     "use_spmd",
     "visualize_sharding",
