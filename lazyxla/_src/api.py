@@ -97,13 +97,17 @@ class GraphSummary:
     def diff(self, other: GraphSummary) -> str:
         """How `self` differs from an earlier graph `other`, in words."""
         if self.inputs != other.inputs:
-            return f"input shapes changed from [{', '.join(other.inputs)}] to [{', '.join(self.inputs)}]"
+            before, after = ", ".join(other.inputs), ", ".join(self.inputs)
+            return f"input shapes changed from [{before}] to [{after}]"
         for i, (a, b) in enumerate(zip(other.ops, self.ops)):
             if a != b:
                 return f"the traced ops changed: op #{i} was {a}, now {b}"
         if len(self.ops) != len(other.ops):
             return f"the number of traced ops changed from {len(other.ops)} to {len(self.ops)}"
-        return "an op's static arguments (a Python scalar baked into the graph, a dtype or a shape) changed"
+        return (
+            "an op's static arguments changed (a Python scalar baked into the graph, a dtype "
+            "or a shape)"
+        )
 
 
 # --- compile -------------------------------------------------------------------------------------

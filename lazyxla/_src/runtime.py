@@ -56,7 +56,15 @@ def jnp_dtype(dtype: torch.dtype) -> np.dtype:
 
 @functools.cache
 def jax_devices() -> list[jax.Device]:
-    return jax.devices()
+    try:
+        return jax.devices()
+    except RuntimeError as e:
+        if not os.environ.get("PJRT_DEVICE"):
+            raise
+        raise RuntimeError(
+            f"PJRT_DEVICE={os.environ['PJRT_DEVICE']} but JAX cannot use that platform here "
+            f"({e}). Install JAX's plugin for it (jax[tpu], jax[cuda12]) or set PJRT_DEVICE=CPU"
+        ) from None
 
 
 def default_device() -> jax.Device:

@@ -1,0 +1,480 @@
+"""torch_xla's `torch_xla.core.xla_model` (`xm`), for one process.
+
+lazyxla is one process (world size 1, ordinal 0), so the collectives have their one-replica
+meaning: a reduction over one replica is the input (times `scale`), a gather or scatter over one
+shard is the input, and a permutation either keeps the value (pair `(0, 0)`) or, as XLA's
+collective-permute does for a device nobody sends to, gives zeros.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import torch
+
+from . import api, graph, random_state, runtime, runtime_api, step_closures
+from .ir import DEVICE_DATA, Node, Ref, device_data
+from .tensor import DEVICE_TYPE, is_lazy, live_states, new_tensor, read, state, write
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+_REDUCE_TYPES = (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX)
+
+
+# --- devices and ordinals ------------------------------------------------------------------------
+
+
+def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:
+    """The lazyxla device (torch_xla's deprecated spelling of `torch_xla.device()`)."""
+    del devkind
+    return api.device(n)
+
+
+def _real_device(device: torch.device | str) -> str:
+    d = torch.device(device) if isinstance(device, str) and ":" in device else device
+    if isinstance(d, str):
+        d = torch.device(d, 0)
+    if d.type != DEVICE_TYPE:
+        raise ValueError(f"{device} is not a lazyxla device (expected {DEVICE_TYPE}:N)")
+    reals = api.real_devices()
+    index = d.index or 0
+    if index >= len(reals):
+        raise ValueError(f"{device} does not exist; the devices are {api.devices()}")
+    return reals[index]
+
+
+def xla_device_hw(device: torch.device | str) -> str:
+    """The hardware type behind `device`: `CPU`, `CUDA` or `TPU`."""
+    return _real_device(device).split(":")[0]
+
+
+def xla_real_devices(devices: Sequence[torch.device | str] | None = None) -> list[str]:
+    """The runtime devices (`CPU:0`) behind `devices` (all devices if None)."""
+    if devices is None:
+        return api.real_devices()
+    return [_real_device(d) for d in devices]
+
+
+def get_ordinal() -> int:
+    return runtime_api.global_ordinal()
+
+
+def get_local_ordinal() -> int:
+    return runtime_api.local_ordinal()
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    """True on the process that should log and save (always, for one process)."""
+    return (get_local_ordinal() if local else get_ordinal()) == 0
+
+
+def xrt_world_size() -> int:
+    return runtime_api.world_size()
+
+
+def master_print(*args: Any, fd: Any = None, local: bool = False, flush: bool = False) -> None:
+    """`print` (to `fd`, default stdout) on the master ordinal only."""
+    if is_master_ordinal(local=local):
+        print(*args, file=sys.stdout if fd is None else fd, flush=flush)
+
+
+def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    return is_lazy(tensor)
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
+    """Run the pending graph, then the step closures (torch_xla's spelling of `sync`)."""
+    del reset_scope
+    graph.sync(wait=wait)
+
+
+def wait_device_ops(devices: Sequence[Any] = ()) -> None:
+    """Block until every executed computation has finished and its results are ready."""
+    del devices
+    arrays = [s.value[0].data for s in live_states() if s.value[0].op == DEVICE_DATA]
+    jax.block_until_ready(arrays)
+    step_closures.wait_async()
+
+
+def add_step_closure(
+    closure: Callable[..., Any], args: Sequence[Any] = (), run_async: bool = False
+) -> None:
+    """Run `closure(*args)` after the next `mark_step` / `sync`, once the step has executed.
+
+    Reading tensors in a closure (`loss.item()`) does not split the step's graph: by then they hold
+    device data. With `run_async=True` the closure runs on a background thread.
+    """
+    step_closures.add(closure, args, run_async)
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    barrier: bool = False,
+    optimizer_args: dict[str, Any] | None = None,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> Any:
+    """`optimizer.step(**optimizer_args)` after reducing gradients over replicas (none here).
+
+    Args:
+        optimizer: the optimizer to step.
+        barrier: also `mark_step()` afterwards (for loops that do not use a device loader).
+        optimizer_args: keyword arguments of `optimizer.step`.
+        groups, pin_layout: replica groups and layout pinning of the gradient all-reduce;
+            ignored in one process.
+
+    Returns:
+        What `optimizer.step` returned.
+    """
+    del groups, pin_layout
+    loss = optimizer.step(**(optimizer_args or {}))
+    if barrier:
+        mark_step()
+    return loss
+
+
+# --- data movement -------------------------------------------------------------------------------
+
+
+def _map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*[_map_tensors(x, fn) for x in data])
+    if isinstance(data, (list, tuple)):
+        return type(data)(_map_tensors(x, fn) for x in data)
+    if isinstance(data, dict):
+        return type(data)((k, _map_tensors(v, fn)) for k, v in data.items())
+    return data
+
+
+def _to_cpu(data: Any) -> Any:
+    lazy = []
+    _map_tensors(data, lambda t: lazy.append(t) if is_lazy(t) else None)
+    if lazy:  # one graph for everything that is pending, not one per tensor
+        graph.sync_states([state(t) for t in lazy])
+    return _map_tensors(data, lambda t: t.cpu() if is_lazy(t) else t)
+
+
+def save(
+    data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False
+) -> None:
+    """`torch.save` of `data` with its lazy tensors moved to the CPU first (on the master only)."""
+    cpu_data = _to_cpu(data)
+    if not master_only or is_master_ordinal(local=not global_master):
+        torch.save(cpu_data, file_or_path)
+
+
+def upload(t: torch.Tensor) -> jax.Array:
+    """The device copy of CPU tensor `t` (thread-safe: makes no IR)."""
+    return runtime.host_to_device(t)
+
+
+def wrap_uploaded(arr: jax.Array, t: torch.Tensor) -> torch.Tensor:
+    """A lazy tensor holding `arr`, the device copy of CPU tensor `t` (main thread only)."""
+    from .ir import TensorSpec
+
+    spec = TensorSpec(tuple(t.shape), t.dtype)
+    out = new_tensor((device_data(arr, spec), 0), spec)
+    return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+
+def send_cpu_data_to_device(
+    datas: Any, device: torch.device | str, input_sharding: Any = None
+) -> Any:
+    """Copy every CPU tensor in a nested structure to `device`.
+
+    As in torch_xla, a bare tensor comes back as a one-element list.
+    """
+    if input_sharding is not None:
+        raise NotImplementedError(
+            "send_cpu_data_to_device(input_sharding=...) needs lazyxla's SPMD support"
+        )
+    if isinstance(datas, torch.Tensor):
+        datas = [datas]
+    return _map_tensors(datas, lambda t: t.to(device) if t.device.type == "cpu" else t)
+
+
+class RateTracker:
+    """Samples per second, smoothed between calls to `rate()` (torch_xla's `xm.RateTracker`)."""
+
+    def __init__(self, smooth_factor: float | None = None) -> None:
+        self._smooth_factor = 0.4 if smooth_factor is None else smooth_factor
+        self._start_time = time.time()
+        self._partial_time = self._start_time
+        self._partial_count = 0.0
+        self._partial_rate: float | None = None
+        self._count = 0.0
+
+    def _update(self, now: float, rate: float) -> None:
+        self._partial_count += self._count
+        self._count = 0.0
+        self._partial_time = now
+        self._partial_rate = rate
+
+    def add(self, count: float) -> None:
+        self._count += count
+
+    def _smooth(self, current_rate: float) -> float:
+        if self._partial_rate is None:
+            return current_rate
+        return (1 - self._smooth_factor) * current_rate + self._smooth_factor * self._partial_rate
+
+    def rate(self) -> float:
+        """The rate since the last `rate()` call, smoothed with the previous one."""
+        now = time.time()
+        delta = now - self._partial_time
+        report_rate = 0.0
+        if delta > 0:
+            report_rate = self._smooth(self._count / delta)
+            self._update(now, report_rate)
+        return report_rate
+
+    def global_rate(self) -> float:
+        """The rate since the tracker was created."""
+        delta = time.time() - self._start_time
+        count = self._partial_count + self._count
+        return count / delta if delta > 0 else 0.0
+
+
+# --- RNG -----------------------------------------------------------------------------------------
+
+_SEED_BITS = 48  # random_state keeps 48-bit seeds; the counter goes above them
+
+
+def get_rng_state(device: Any = None) -> int:
+    """The device RNG state as one integer; `set_rng_state` of it replays the same numbers.
+
+    Right after `set_rng_state(s)` (or `manual_seed(s)`) it is `s`, as in torch_xla.
+    """
+    del device
+    seed, counter = random_state.get_state()
+    return seed | (counter << _SEED_BITS)
+
+
+def set_rng_state(seed: int, device: Any = None) -> None:
+    """Restore a state from `get_rng_state`, or seed the device RNG with a plain seed."""
+    del device
+    seed = int(seed)
+    random_state.set_state(seed & ((1 << _SEED_BITS) - 1), seed >> _SEED_BITS)
+
+
+# --- memory, barriers, materialisation -----------------------------------------------------------
+
+
+def get_memory_info(device: Any = None) -> dict[str, int]:
+    """`{'bytes_used', 'bytes_limit', 'peak_bytes_used'}` of `device`'s memory.
+
+    From the runtime's allocator statistics where it keeps them (GPU, TPU); on the CPU, from the
+    live device buffers and the host's physical memory.
+    """
+    index = 0 if device is None else (torch.device(device).index or 0)
+    dev = runtime.jax_devices()[index]
+    stats = dev.memory_stats() or {}
+    if "bytes_in_use" in stats:
+        used = int(stats["bytes_in_use"])
+        limit = int(stats.get("bytes_limit", 0))
+        peak = int(stats.get("peak_bytes_in_use", used))
+        return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": peak}
+    used = sum(a.nbytes for a in jax.live_arrays() if dev in a.devices())
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"bytes_used": int(used), "bytes_limit": int(limit), "peak_bytes_used": int(used)}
+
+
+def _barrier_rule(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    return tuple(jax.lax.optimization_barrier(xs))
+
+
+def optimization_barrier_(tensors: Sequence[torch.Tensor]) -> None:
+    """Put `tensors` behind one XLA optimization barrier, in place.
+
+    XLA does not move computation across the barrier: nothing computed from the outputs is fused
+    with or hoisted above what computed the inputs (used, e.g., to keep gradient checkpointing's
+    recomputation from being merged back with the forward pass).
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return
+    states = [state(t) for t in tensors]
+    values = tuple(read(s) for s in states)
+    specs = tuple(v[0].specs[v[1]] for v in values)
+    node = Node(
+        "xla::optimization_barrier",
+        _barrier_rule,
+        values,
+        tuple(Ref(i) for i in range(len(values))),
+        (),
+        specs,
+    )
+    for i, s in enumerate(states):
+        write(s, (node, i))
+
+
+def unlazy(tensors: Sequence[torch.Tensor]) -> None:
+    """Execute the pending graph of `tensors` only, and wait for it."""
+    graph.sync_states([state(t) for t in tensors], wait=True)
+
+
+def _lowered(tensors: Sequence[torch.Tensor] | None) -> jax.stages.Lowered:
+    if tensors is None:  # "the whole computation graph": every pending live tensor
+        states = graph.pending_states(None)
+    else:
+        states = [state(t) for t in tensors]
+        for s in states:
+            read(s)
+    cap = graph.Capture(states)
+    return jax.jit(cap.program().function()).lower(cap.data, cap.scalars)
+
+
+def get_stablehlo(tensors: Sequence[torch.Tensor] | None = None) -> str:
+    """The StableHLO text of the graph computing `tensors` (every pending tensor if None)."""
+    return _lowered(tensors).as_text()
+
+
+def get_stablehlo_bytecode(tensors: Sequence[torch.Tensor] | None = None) -> bytes:
+    """The StableHLO of the graph computing `tensors`, as MLIR bytecode."""
+    from jax._src.interpreters import mlir
+
+    return mlir.module_to_bytecode(_lowered(tensors).compiler_ir("stablehlo"))
+
+
+# --- collectives over one replica ----------------------------------------------------------------
+
+
+def _check_reduce_type(reduce_type: str) -> None:
+    if reduce_type not in _REDUCE_TYPES:
+        raise ValueError(f"invalid reduce type {reduce_type!r}; expected one of {_REDUCE_TYPES}")
+
+
+def _check_groups(groups: Any, what: str) -> None:
+    if groups:
+        members = sorted(r for g in groups for r in g)
+        if members != [0]:
+            raise ValueError(
+                f"{what}: replica groups {groups} name replicas other than 0, but lazyxla runs "
+                "one replica"
+            )
+
+
+def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
+    return t * scale if scale != 1.0 else t.clone()
+
+
+def all_reduce(
+    reduce_type: str,
+    inputs: torch.Tensor | list[torch.Tensor],
+    scale: float = 1.0,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> torch.Tensor | list[torch.Tensor]:
+    """Reduce over replicas, then multiply by `scale`; over one replica, `inputs * scale`.
+
+    A tensor gives a new tensor; a list of tensors is reduced in place and returned.
+    """
+    del pin_layout
+    _check_reduce_type(reduce_type)
+    _check_groups(groups, "all_reduce")
+    if isinstance(inputs, torch.Tensor):
+        return _scaled(inputs, scale)
+    if scale != 1.0:
+        with torch.no_grad():
+            for t in inputs:
+                t.mul_(scale)
+    return inputs
+
+
+def all_gather(
+    value: torch.Tensor,
+    dim: int = 0,
+    groups: Any = None,
+    output: torch.Tensor | None = None,
+    pin_layout: bool = True,
+) -> torch.Tensor:
+    """Concatenate every replica's `value` along `dim`; over one replica, a copy of `value`."""
+    del pin_layout
+    _check_groups(groups, "all_gather")
+    result = torch.cat([value], dim=dim)
+    if output is not None:
+        output.copy_(result)
+        return output
+    return result
+
+
+def reduce_scatter(
+    reduce_type: str,
+    input: torch.Tensor | list[torch.Tensor],
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Any = None,
+    output: torch.Tensor | list[torch.Tensor] | None = None,
+    pin_layout: bool = True,
+) -> torch.Tensor | list[torch.Tensor]:
+    """Reduce over replicas, scale, and keep this replica's shard of `scatter_dim`.
+
+    Over one replica (`shard_count` must be 1) that is `input * scale`.
+    """
+    del pin_layout, scatter_dim
+    _check_reduce_type(reduce_type)
+    _check_groups(groups, "reduce_scatter")
+    if shard_count != 1:
+        raise ValueError(
+            f"reduce_scatter: shard_count={shard_count} must equal the number of replicas (1)"
+        )
+    if isinstance(input, torch.Tensor):
+        result = _scaled(input, scale)
+        if output is not None:
+            output.copy_(result)
+            return output
+        return result
+    results = [_scaled(t, scale) for t in input]
+    if output is not None:
+        for o, r in zip(output, results, strict=True):
+            o.copy_(r)
+        return output
+    return results
+
+
+def all_to_all(
+    value: torch.Tensor,
+    split_dimension: int,
+    concat_dimension: int,
+    split_count: int,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> torch.Tensor:
+    """Split `value` among replicas and concatenate what each receives; one replica: a copy."""
+    del pin_layout, split_dimension, concat_dimension
+    _check_groups(groups, "all_to_all")
+    if split_count != 1:
+        raise ValueError(
+            f"all_to_all: split_count={split_count} must equal the number of replicas (1)"
+        )
+    return value.clone()
+
+
+def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Send `value` from replica `src` to `dst` for each `[src, dst]` in `pairs`.
+
+    A replica that receives nothing gets zeros, as in XLA. With one replica the only valid pair is
+    `[0, 0]`.
+    """
+    for pair in pairs:
+        if any(r != 0 for r in pair):
+            raise ValueError(
+                f"collective_permute: pair {list(pair)} names a replica other than 0, but lazyxla "
+                "runs one replica"
+            )
+    return value.clone() if pairs else torch.zeros_like(value)

@@ -1,0 +1,1 @@
+"""torch_xla's `torch_xla.experimental` package: experimental APIs land here as submodules."""

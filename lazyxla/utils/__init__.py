@@ -1,0 +1,1 @@
+"""torch_xla's `torch_xla.utils` package."""
