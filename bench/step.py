@@ -4,12 +4,13 @@ Two models: the `MLP` (4 x Linear(512, 512), batch 64, SGD) and the demo's `Deco
 AdamW). A step is `zero_grad; loss; backward; optimizer.step`, on data resident on the device.
 
 - eager: PyTorch on the CPU.
-- torch.compile: the whole step function compiled with inductor (dynamo splits it at `backward`).
+- torch.compile: the whole step function compiled with inductor (dynamo splits it where it must).
 - lazyxla: record the step, `lazyxla.sync(wait=True)`: tracing + cache lookup + execution.
 - limit: the cached jitted executable of that step's graph, called directly on the same inputs
   (`exe(cap.data, cap.scalars)`), i.e. lazyxla with zero tracing and zero bookkeeping.
 
-Each figure is the median over timed steps, after warm-up (which includes every compile).
+Each figure is the median over timed steps, after warm-up (which includes every compile). The
+modes are timed in interleaved rounds, so that a change of load on a shared machine hits them all.
 """
 
 from __future__ import annotations
@@ -35,15 +36,28 @@ from lazyxla.models import MLP, Decoder
 Step = Callable[[], torch.Tensor]
 
 
-def _median_ms(fn: Callable[[], object], warmup: int, steps: int) -> float:
+def _warm(fn: Callable[[], object], warmup: int) -> float:
+    """Call `fn` `warmup` times (compiles happen here); return the seconds it took."""
+    t0 = time.perf_counter()
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return time.perf_counter() - t0
+
+
+def _interleaved_ms(modes: dict[str, Callable[[], object]], rounds: int, per_round: int) -> dict:
+    """Median ms per call of each mode, timed in interleaved rounds.
+
+    The machine is shared: timing the modes one after another would let a change of load land on
+    one of them. Each round times `per_round` calls of every mode in turn.
+    """
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode, fn in modes.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                samples[mode].append(time.perf_counter() - t0)
+    return {m: statistics.median(v) * 1e3 for m, v in samples.items()}
 
 
 class Workload:
@@ -87,75 +101,79 @@ def workloads() -> dict[str, dict]:
     }
 
 
-def bench_eager(spec: dict, warmup: int, steps: int) -> float:
-    """Median ms per eager CPU step."""
-    w = Workload("eager", device="cpu", **spec)
-    return _median_ms(w.step, warmup, steps)
+def prepare(spec: dict, warmup: int, inductor: bool) -> tuple[dict, dict]:
+    """Warm up every mode of one workload; return `({mode: step fn}, {mode: note})`."""
+    modes: dict[str, Callable[[], object]] = {}
+    notes: dict[str, str] = {}
 
+    eager = Workload("eager", device="cpu", **spec)
+    modes["eager (CPU)"] = eager.step
+    notes["eager (CPU)"] = ""
+    _warm(eager.step, warmup)
 
-def bench_inductor(spec: dict, warmup: int, steps: int) -> float:
-    """Median ms per step of the step function compiled by torch.compile (inductor)."""
-    w = Workload("inductor", device="cpu", **spec)
-    step = torch.compile(w.step, backend="inductor")
-    return _median_ms(step, warmup, steps)
+    if inductor:
+        ind = Workload("inductor", device="cpu", **spec)
+        compiled = torch.compile(ind.step, backend="inductor")
+        modes["torch.compile (inductor)"] = compiled
+        notes["torch.compile (inductor)"] = f"warm-up incl. compile {_warm(compiled, warmup):.0f} s"
 
+    lazy = Workload("lazyxla", device=lazyxla.device(), **spec)
 
-def bench_lazyxla(spec: dict, warmup: int, steps: int) -> tuple[float, float, int]:
-    """`(lazyxla ms/step, limit ms/step, compiles)`: record + sync + wait vs the bare executable."""
-    w = Workload("lazyxla", device=lazyxla.device(), **spec)
-    before = metrics.counter_value("UncachedCompile") or 0
-
-    def step() -> None:
-        w.step()
+    def lazy_step() -> None:
+        lazy.step()
         lazyxla.sync(wait=True)
 
-    lazy_ms = _median_ms(step, warmup, steps)
+    before = metrics.counter_value("UncachedCompile") or 0
+    warm_s = _warm(lazy_step, warmup)
     compiles = (metrics.counter_value("UncachedCompile") or 0) - before
+    modes["lazyxla (record + sync + wait)"] = lazy_step
+    notes["lazyxla (record + sync + wait)"] = f"{compiles} compile(s) in warm-up ({warm_s:.0f} s)"
 
-    # The limit: record one more step, capture its pending graph, and call the cached executable.
-    w.step()
+    # The limit: record one more step, capture its pending graph (the same graph as every warm
+    # step, so the executable comes from the cache), then finish the step with a sync.
+    lazy.step()
     cap = graph.Capture(graph.pending_states(None))
-    exe = graph.compile_capture(cap)  # a cache hit: the same graph ran above
-    limit_ms = _median_ms(lambda: jax.block_until_ready(exe(cap.data, cap.scalars)), warmup, steps)
+    before = metrics.counter_value("UncachedCompile") or 0
+    exe = graph.compile_capture(cap)
+    assert (metrics.counter_value("UncachedCompile") or 0) == before, "limit graph not cached"
     lazyxla.sync(wait=True)
-    return lazy_ms, limit_ms, compiles
+    modes["limit (cached executable alone)"] = lambda: jax.block_until_ready(
+        exe(cap.data, cap.scalars)
+    )
+    notes["limit (cached executable alone)"] = "exe(cap.data, cap.scalars)"
+    return modes, notes
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run every workload in every mode and print one table per workload."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--per-round", type=int, default=5)
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
     args = parser.parse_args(argv)
     console = Console()
+    n = args.rounds * args.per_round
 
     for name, spec in workloads().items():
-        rows: list[tuple[str, float | None, str]] = []
-        with console.status(f"{name}: eager"):
-            eager = bench_eager(spec, args.warmup, args.steps)
-        rows.append(("eager (CPU)", eager, ""))
-        if not args.no_inductor:
-            with console.status(f"{name}: torch.compile (inductor)"):
-                t0 = time.perf_counter()
-                ind = bench_inductor(spec, args.warmup, args.steps)
-                ind_compile = time.perf_counter() - t0
-            rows.append(
-                ("torch.compile (inductor)", ind, f"warm-up incl. compile {ind_compile:.0f} s")
-            )
-        with console.status(f"{name}: lazyxla"):
-            lazy, limit, compiles = bench_lazyxla(spec, args.warmup, args.steps)
-        rows.append(("lazyxla (record + sync + wait)", lazy, f"{compiles} graph(s) compiled"))
-        rows.append(("limit (cached executable alone)", limit, "exe(cap.data, cap.scalars)"))
+        with console.status(f"{name}: warming up (compiles)"):
+            modes, notes = prepare(spec, args.warmup, not args.no_inductor)
+        with console.status(f"{name}: timing"):
+            ms = _interleaved_ms(modes, args.rounds, args.per_round)
 
-        table = Table(title=f"{name}: median of {args.steps} steps after {args.warmup} warm-up")
+        eager = ms["eager (CPU)"]
+        table = Table(
+            title=f"{name}: median of {n} steps per mode ({args.rounds} interleaved rounds), "
+            f"after {args.warmup} warm-up"
+        )
         table.add_column("mode")
         table.add_column("ms / step", justify="right")
         table.add_column("vs eager", justify="right")
         table.add_column("note", style="dim")
-        for mode, ms, note in rows:
-            table.add_row(mode, f"{ms:.2f}", f"{ms / eager:.2f}x", note)
+        for mode, v in ms.items():
+            table.add_row(mode, f"{v:.2f}", f"{v / eager:.2f}x", notes[mode])
         console.print(table)
+        lazy, limit = ms["lazyxla (record + sync + wait)"], ms["limit (cached executable alone)"]
         console.print(
             f"lazyxla / limit: [bold]{lazy / limit:.2f}x[/] "
             f"(lazyxla spends {lazy - limit:.2f} ms per step outside the executable)\n"
