@@ -29,6 +29,7 @@ class SampleGenerator:
         return self.next()
 
     def next(self) -> Any:
+        """The data again, until `sample_count` samples were returned."""
         if self._count >= self._sample_count:
             raise StopIteration
         self._count += 1

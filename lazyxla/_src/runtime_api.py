@@ -87,10 +87,12 @@ def local_ordinal() -> int:
 
 
 def process_index() -> int:
+    """This process's index among the JAX processes (0 on one host)."""
     return jax.process_index()
 
 
 def process_count() -> int:
+    """The number of JAX processes (1 on one host)."""
     return jax.process_count()
 
 
@@ -105,6 +107,7 @@ def global_device_count() -> int:
 
 
 def local_device_count() -> int:
+    """Torch devices on this host (one process per host, so `addressable_device_count()`)."""
     return addressable_device_count()
 
 

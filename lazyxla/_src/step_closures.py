@@ -56,6 +56,7 @@ def run_pending() -> None:
     with _lock:
         todo = _pending[:]
         _pending.clear()
+    _async_futures[:] = [f for f in _async_futures if not f.done()]
     for closure, args, run_async in todo:
         if run_async:
             if _async_pool is None:

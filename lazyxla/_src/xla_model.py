@@ -65,10 +65,12 @@ def xla_real_devices(devices: Sequence[torch.device | str] | None = None) -> lis
 
 
 def get_ordinal() -> int:
+    """This process's global ordinal: 0."""
     return runtime_api.global_ordinal()
 
 
 def get_local_ordinal() -> int:
+    """This process's ordinal on its host: 0."""
     return runtime_api.local_ordinal()
 
 
@@ -78,6 +80,7 @@ def is_master_ordinal(local: bool = True) -> bool:
 
 
 def xrt_world_size() -> int:
+    """The number of replicas: 1 (torch_xla's old name for `runtime.world_size()`)."""
     return runtime_api.world_size()
 
 
@@ -88,6 +91,7 @@ def master_print(*args: Any, fd: Any = None, local: bool = False, flush: bool = 
 
 
 def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    """True if `tensor` lives on a lazyxla device."""
     return is_lazy(tensor)
 
 
