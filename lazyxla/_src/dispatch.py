@@ -132,13 +132,43 @@ def _meta_specs(out: Any) -> Any:
 _META_CACHE: dict[tuple, Any] = {}
 
 
+def _all_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_all_meta(x) for x in v)
+    return v
+
+
+def _run_meta(op: OpOverload, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError:
+        # A CPU 0-d tensor (kept on the CPU for its wrapped-number type promotion) fails a meta
+        # device check that the real device kernel passes (masked_fill's `value`): retry on meta.
+        if not any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in _leaves(args)):
+            raise
+        return op(*_all_meta(args), **{k: _all_meta(v) for k, v in kwargs.items()})
+
+
+def _leaves(v: Any) -> list[Any]:
+    if isinstance(v, (list, tuple)):
+        return [y for x in v for y in _leaves(x)]
+    return [v]
+
+
 def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None) -> Any:
     """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`.
 
     PyTorch's meta kernel decides (so shapes, dtypes and errors are PyTorch's own); an op without
     one (a custom op) is shape-checked by tracing its lowering with `jax.eval_shape`.
     """
-    key = (op, *[_sig(v) for v in vals])
+    # A float's value never changes a shape, unless it is a static that shapes the program
+    # (arange's end): those stay in the key.
+    key = (
+        op,
+        *[v if a.kind == STATIC and type(v) is float else _sig(v) for a, v in zip(specs, vals)],
+    )
     hit = _META_CACHE.get(key)
     if hit is not None:
         return hit
@@ -149,7 +179,7 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
         else:
             args.append(_to_meta(v))
     try:
-        out = _meta_specs(op(*args, **kwargs))
+        out = _meta_specs(_run_meta(op, args, kwargs))
     except NotImplementedError:
         if lw is None:
             raise
@@ -336,7 +366,13 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
-        out_struct = infer(op, specs, vals, lw)
+        try:
+            out_struct = infer(op, specs, vals, lw)
+        except NotImplementedError:
+            # A data-dependent output shape (x[bool_mask]): nothing static to record; CPU fallback.
+            from .fallback import cpu_fallback
+
+            return cpu_fallback(op, *args, **kwargs)
         _, out = record(name, lw, specs, vals, out_struct)
         metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
         return out

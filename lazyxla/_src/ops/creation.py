@@ -82,7 +82,9 @@ def lift_fresh_copy(x):
 
 
 @lowering(aten.full_like.default)
-def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+def full_like(
+    x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     return jnp.full(x.shape, fill_value, jnp_dtype(dtype) if dtype is not None else x.dtype)
 
 

@@ -100,6 +100,7 @@ _BINARY = {
     aten.xlogy.Tensor: jax.scipy.special.xlogy,
 }
 
+
 def _opmath(*xs):
     """bf16/f16 arrays as float32: PyTorch computes reduced-precision floats in float32 ("opmath")
     and rounds once; the output is cast back to the recorded dtype by the lowering."""
@@ -123,7 +124,11 @@ def _pair(x, y):
     x, y = jnp.asarray(x), jnp.asarray(y)
     if x.dtype != y.dtype:
         dt = jnp.result_type(x, y)
-        if x.ndim and not y.ndim and jnp.issubdtype(x.dtype, jnp.inexact) == jnp.issubdtype(dt, jnp.inexact):
+        if (
+            x.ndim
+            and not y.ndim
+            and jnp.issubdtype(x.dtype, jnp.inexact) == jnp.issubdtype(dt, jnp.inexact)
+        ):
             dt = x.dtype
         x, y = x.astype(dt), y.astype(dt)
     return x, y

@@ -50,7 +50,9 @@ def _binary(fn, kind):
     if kind == "ScalarList":
         return lambda xs, ss: [fn(x, s) for x, s in zip(xs, ss)]
     if kind == "Tensor":
-        return lambda xs, t, alpha=1: [fn(x, t, alpha) if not is_const(alpha, 1) else fn(x, t) for x in xs]
+        return lambda xs, t, alpha=1: [
+            fn(x, t, alpha) if not is_const(alpha, 1) else fn(x, t) for x in xs
+        ]
     return lambda xs, s: [fn(x, s) for x in xs]
 
 
@@ -86,11 +88,19 @@ for _name, _op in (("addcmul", ew.addcmul), ("addcdiv", ew.addcdiv)):
     register(_packet.ScalarList, _sl)
     register(_packet.Tensor, _t)
 
-register(aten._foreach_lerp.List, lambda xs, ends, ws: [ew.lerp(x, e, w) for x, e, w in zip(xs, ends, ws)])
-register(aten._foreach_lerp.Scalar, lambda xs, ends, w: [ew.lerp(x, e, w) for x, e in zip(xs, ends)])
-register(aten._foreach_copy.default, lambda xs, srcs, non_blocking=False: [
-    jnp.broadcast_to(s.astype(x.dtype), x.shape) for x, s in zip(xs, srcs)
-])
+register(
+    aten._foreach_lerp.List,
+    lambda xs, ends, ws: [ew.lerp(x, e, w) for x, e, w in zip(xs, ends, ws)],
+)
+register(
+    aten._foreach_lerp.Scalar, lambda xs, ends, w: [ew.lerp(x, e, w) for x, e in zip(xs, ends)]
+)
+register(
+    aten._foreach_copy.default,
+    lambda xs, srcs, non_blocking=False: [
+        jnp.broadcast_to(s.astype(x.dtype), x.shape) for x, s in zip(xs, srcs)
+    ],
+)
 
 
 def _norm(xs, ord=2, dtype=None):
@@ -102,8 +112,25 @@ def _norm(xs, ord=2, dtype=None):
 register(aten._foreach_norm.Scalar, _norm, static=("ord",))
 
 
-def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-          weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, decoupled):
+def _adam(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    *,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+    decoupled,
+):
     new_p, new_m, new_v, new_vmax = [], [], [], []
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         step = state_steps[i].astype(jnp.float32 if p.dtype != jnp.float64 else p.dtype)

@@ -31,11 +31,37 @@ def index(x, indices):
     return x[_index_tuple(x, indices)]
 
 
+def _mask_put(x, indices, values, accumulate):
+    """`x[mask] = values` with one boolean mask and values that do not depend on the number of
+    selected elements (a scalar, or a row broadcast over them): a `where`, no dynamic shape."""
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    if len(pos) != 1 or any(i is not None for i in indices[pos[0] + 1 :]):
+        raise NotImplementedError("boolean mask index_put mixed with other indices")
+    p, mask = pos[0], indices[pos[0]]
+    trail = x.shape[p + mask.ndim :]
+    # values broadcast against (x.shape[:p], N, *trail); N must broadcast (size 1 or absent).
+    target_rank = p + 1 + len(trail)
+    v = values.reshape((1,) * (target_rank - values.ndim) + values.shape)
+    if v.shape[p] != 1:
+        raise NotImplementedError("x[mask] = values with one value per selected element")
+    v = v.reshape(v.shape[:p] + (1,) * mask.ndim + v.shape[p + 1 :])
+    m = mask.reshape((1,) * p + mask.shape + (1,) * len(trail))
+    v = jnp.broadcast_to(v, x.shape).astype(x.dtype)
+    return jnp.where(m, x + v, x) if accumulate else jnp.where(m, v, x)
+
+
 @lowering(aten.index_put.default)
 def index_put(x, indices, values, accumulate=False):
+    if any(i is not None and i.dtype == jnp.bool_ for i in indices):
+        return _mask_put(x, indices, values, accumulate)
     idx = _index_tuple(x, indices)
     values = values.astype(x.dtype)
     return x.at[idx].add(values) if accumulate else x.at[idx].set(values)
+
+
+@lowering(aten._index_put_impl.default)
+def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return index_put(x, indices, values, accumulate)
 
 
 @lowering(aten._unsafe_index.Tensor)
@@ -71,17 +97,21 @@ def _scatter_idx(x, dim, index):
 def scatter(x, dim, index, src):
     if x.ndim == 0:
         return jnp.asarray(src, x.dtype).reshape(())
-    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src[
-        tuple(slice(0, s) for s in index.shape)
-    ]
+    src = (
+        jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape)
+        if jnp.ndim(src) == 0
+        else src[tuple(slice(0, s) for s in index.shape)]
+    )
     return x.at[_scatter_idx(x, dim, index)].set(src.astype(x.dtype))
 
 
 @lowering(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_(x, dim, index, src, reduce):
-    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src[
-        tuple(slice(0, s) for s in index.shape)
-    ]
+    src = (
+        jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape)
+        if jnp.ndim(src) == 0
+        else src[tuple(slice(0, s) for s in index.shape)]
+    )
     ref = x.at[_scatter_idx(x, dim, index)]
     return ref.add(src) if reduce == "add" else ref.multiply(src)
 
@@ -101,10 +131,26 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce == "prod":
         return (x if include_self else x.at[idx].set(1)).at[idx].multiply(src)
     if reduce == "amax":
-        base = x if include_self else x.at[idx].set(jnp.finfo(x.dtype).min if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min)
+        base = (
+            x
+            if include_self
+            else x.at[idx].set(
+                jnp.finfo(x.dtype).min
+                if jnp.issubdtype(x.dtype, jnp.floating)
+                else jnp.iinfo(x.dtype).min
+            )
+        )
         return base.at[idx].max(src)
     if reduce == "amin":
-        base = x if include_self else x.at[idx].set(jnp.finfo(x.dtype).max if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max)
+        base = (
+            x
+            if include_self
+            else x.at[idx].set(
+                jnp.finfo(x.dtype).max
+                if jnp.issubdtype(x.dtype, jnp.floating)
+                else jnp.iinfo(x.dtype).max
+            )
+        )
         return base.at[idx].min(src)
     if reduce == "mean":
         ones = jnp.ones_like(src)
@@ -113,7 +159,11 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
         s = base.at[idx].add(src)
         cnt = cnt + (1 if include_self else 0)
         out = s / jnp.maximum(cnt, 1)
-        return out if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(s, jnp.maximum(cnt, 1))
+        return (
+            out
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else jnp.floor_divide(s, jnp.maximum(cnt, 1))
+        )
     raise NotImplementedError(f"scatter_reduce with reduce={reduce!r}")
 
 
@@ -122,7 +172,11 @@ def index_add(x, dim, index, source, alpha=1):
     dim = _d(dim, x.ndim) if x.ndim else 0
     idx = [slice(None)] * x.ndim
     idx[dim] = index
-    return x.at[tuple(idx)].add((source * alpha).astype(x.dtype)) if x.ndim else x + jnp.sum(source) * alpha
+    return (
+        x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
+        if x.ndim
+        else x + jnp.sum(source) * alpha
+    )
 
 
 @lowering(aten.index_copy.default)

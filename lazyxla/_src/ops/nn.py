@@ -5,8 +5,11 @@ Backward ops are lowered as the VJP of the forward rule where PyTorch's formula 
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -19,25 +22,37 @@ def _d(dim, n):
     return dim + n if dim < 0 else dim
 
 
+def _present(*outs):
+    """The outputs an `output_mask` asked for: PyTorch returns None for the others, and a node's
+    outputs are numbered over tensors only, so a masked-out output must not take a slot."""
+    return tuple(o for o in outs if o is not None)
+
+
+def _opmath(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 @lowering(aten._softmax.default)
 def softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+    return jax.nn.softmax(_opmath(x), axis=_d(dim, x.ndim) if x.ndim else None)
 
 
 @lowering(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+    return jax.nn.log_softmax(_opmath(x), axis=_d(dim, x.ndim) if x.ndim else None)
 
 
 @lowering(aten._softmax_backward_data.default)
 def softmax_backward(grad, y, dim, input_dtype):
     d = _d(dim, y.ndim) if y.ndim else None
+    grad, y = _opmath(grad), _opmath(y)
     return y * (grad - jnp.sum(grad * y, axis=d, keepdims=True))
 
 
 @lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, y, dim, input_dtype):
     d = _d(dim, y.ndim) if y.ndim else None
+    grad, y = _opmath(grad), _opmath(y)
     return grad - jnp.exp(y) * jnp.sum(grad, axis=d, keepdims=True)
 
 
@@ -64,8 +79,20 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 @lowering(aten.nll_loss_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    _, vjp = jax.vjp(lambda v: _nll(v, target, weight, reduction, ignore_index)[0], x)
-    return vjp(grad.astype(x.dtype))[0]
+    # PyTorch's formula: -w[t] * grad (/ total_weight for 'mean') at the target class, and nothing
+    # for ignored targets (so an all-ignored batch has a zero gradient, not 0/0).
+    cdim = 1 if x.ndim > 1 else 0
+    ignored = target == ignore_index
+    t = jnp.where(ignored, 0, target)
+    w = jnp.ones(t.shape, x.dtype) if weight is None else weight[t].astype(x.dtype)
+    g = grad.astype(x.dtype)
+    if reduction == 1:
+        g = g / total_weight.astype(x.dtype)
+    val = jnp.where(ignored, jnp.zeros((), x.dtype), -w * g)
+    onehot = jnp.arange(x.shape[cdim]).reshape(
+        (-1,) + (1,) * (x.ndim - cdim - 1)
+    ) == jnp.expand_dims(t, cdim)
+    return jnp.where(onehot, jnp.expand_dims(val, cdim), jnp.zeros((), x.dtype))
 
 
 @lowering(aten.nll_loss2d_forward.default)
@@ -104,6 +131,8 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
     # Recompute with the saved statistics' epsilon folded in: use the saved rstd directly.
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    grad, x = _opmath(grad), _opmath(x)  # PyTorch computes reduced precision in float32
+    weight = None if weight is None else _opmath(weight)
     xhat = (x - mean) * rstd
     w = jnp.ones(normalized_shape, x.dtype) if weight is None else weight
     gx_hat = grad * w
@@ -119,7 +148,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     gw = jnp.sum(grad * xhat, axis=red) if weight is not None else None
     gb = jnp.sum(grad, axis=red) if bias is not None else None
     del f, n
-    return (
+    return _present(
         gx if output_mask[0] else None,
         gw if output_mask[1] else None,
         gb if output_mask[2] else None,
@@ -190,7 +219,9 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         (d * (k - 1) - p, d * (k - 1) - p + o)
         for k, p, d, o in zip(w.shape[2:], padding, dilation, op)
     ]
-    dn2 = lax.conv_dimension_numbers(x.shape, w_.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    dn2 = lax.conv_dimension_numbers(
+        x.shape, w_.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+    )
     return lax.conv_general_dilated(
         x,
         w_,
@@ -214,7 +245,17 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
 
 @lowering(aten.convolution_backward.default)
 def convolution_backward(
-    grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+    grad,
+    x,
+    w,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
 ):
     _, vjp = jax.vjp(
         lambda x_, w_: _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups),
@@ -223,7 +264,7 @@ def convolution_backward(
     )
     gx, gw = vjp(grad)
     gb = jnp.sum(grad, axis=(0,) + tuple(range(2, grad.ndim))) if output_mask[2] else None
-    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+    return _present(gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
 
 
 def _pool_cfg(x, kernel_size, stride, padding, dilation=1):
@@ -259,8 +300,11 @@ def _ceil_extra(x, window, strides, pads, dil, ceil_mode):
 def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode):
     window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding, dilation)
     pads = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
-    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, window, strides, pads, window_dilation=dil)
+    init = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    # A concrete (numpy) init value: JAX recognises the max/add monoid and can differentiate it.
+    return lax.reduce_window(
+        x, np.array(init, x.dtype), lax.max, window, strides, pads, window_dilation=dil
+    )
 
 
 @lowering(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
@@ -269,11 +313,11 @@ def max_pool_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,)
     # Indices: flat position in the input's spatial plane of each window's maximum.
     nd = len(kernel_size)
     spatial = x.shape[-nd:]
-    flat = jnp.arange(int(jnp.prod(jnp.array(spatial))), dtype=jnp.int64).reshape(spatial)
+    flat = jnp.arange(math.prod(spatial), dtype=jnp.int64).reshape(spatial)
     flat = jnp.broadcast_to(flat, x.shape)
     window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding, dilation)
     pads = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
-    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    init = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
 
     def sel(a, b):
         av, ai = a
@@ -283,7 +327,7 @@ def max_pool_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,)
 
     _, idx = lax.reduce_window(
         (x, flat),
-        (jnp.asarray(init, x.dtype), jnp.asarray(jnp.iinfo(jnp.int64).max, jnp.int64)),
+        (np.array(init, x.dtype), np.array(np.iinfo(np.int64).max, np.int64)),
         sel,
         window,
         strides,
@@ -293,7 +337,9 @@ def max_pool_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,)
     return out, idx
 
 
-@lowering(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default)
+@lowering(
+    aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default
+)
 def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     nd = len(kernel_size)
     lead = x.shape[:-nd]
@@ -312,28 +358,46 @@ def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     window, strides, pads, dil = _pool_cfg(x, kernel_size, stride, padding)
     pads_c = _ceil_extra(x, window, strides, pads, dil, ceil_mode)
-    s = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, pads_c)
+    s = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, strides, pads_c)
     if divisor_override:
         return s / divisor_override
     if count_include_pad:
         # Padding counts, the ceil-mode overhang does not.
-        ones = jnp.pad(jnp.ones(x.shape, x.dtype), pads)
+        padded = tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, pads))
+        ones = jnp.ones(padded, x.dtype)
         extra = tuple((0, c[1] - p[1]) for c, p in zip(pads_c, pads))
-        cnt = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, extra)
+        cnt = lax.reduce_window(ones, np.array(0, x.dtype), lax.add, window, strides, extra)
     else:
-        cnt = lax.reduce_window(jnp.ones(x.shape, x.dtype), jnp.asarray(0, x.dtype), lax.add, window, strides, pads_c)
+        cnt = lax.reduce_window(
+            jnp.ones(x.shape, x.dtype), np.array(0, x.dtype), lax.add, window, strides, pads_c
+        )
     return s / cnt
 
 
 @lowering(aten.avg_pool2d.default, aten.avg_pool3d.default)
-def avg_pool(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
-    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+def avg_pool(
+    x,
+    kernel_size,
+    stride=(),
+    padding=(0,),
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(
+        x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
 
 
 @lowering(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
-def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def avg_pool_backward(
+    grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     _, vjp = jax.vjp(
-        lambda v: _avg_pool(v, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override), x
+        lambda v: _avg_pool(
+            v, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+        ),
+        x,
     )
     return vjp(grad)[0]
 
@@ -355,7 +419,9 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
         n = xf.size // xf.shape[1]
         if running_mean is not None:
             new_rm = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
-            new_rv = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(running_var.dtype)
+            new_rv = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(
+                running_var.dtype
+            )
         else:
             new_rm, new_rv = running_mean, running_var
     else:
@@ -371,8 +437,12 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
 
 
 @lowering(aten._native_batch_norm_legit_functional.default)
-def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    out, mean, rstd, rm, rv = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+def native_batch_norm_legit_functional(
+    x, weight, bias, running_mean, running_var, training, momentum, eps
+):
+    out, mean, rstd, rm, rv = _batch_norm(
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
     if not training:
         mean, rstd = jnp.zeros((0,), x.dtype), jnp.zeros((0,), x.dtype)
     return out, mean, rstd, rm, rv
@@ -402,7 +472,7 @@ def native_batch_norm_backward(
         gx = _bshape(w * rstd, x) * (grad - _bshape(gb / n, x) - xhat * _bshape(gw / n, x))
     else:
         gx = grad * _bshape(w * rstd, x)
-    return (
+    return _present(
         gx if output_mask[0] else None,
         gw if output_mask[1] else None,
         gb if output_mask[2] else None,
@@ -434,4 +504,4 @@ def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask
     gx = rstd * (gxhat - xhat * jnp.sum(gxhat * xhat, axis=axes, keepdims=True) / n)
     red = tuple(range(x.ndim - len(normalized_shape)))
     gw = jnp.sum(g * xhat, axis=red) if weight is not None and output_mask[1] else None
-    return (gx.astype(x.dtype) if output_mask[0] else None), gw
+    return _present((gx.astype(x.dtype) if output_mask[0] else None), gw)

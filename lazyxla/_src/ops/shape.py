@@ -74,7 +74,9 @@ def squeeze(x, dim=None):
     if dim is None:
         return jnp.squeeze(x)
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    dims = tuple(d for d in (_norm_dim(d, max(x.ndim, 1)) for d in dims) if x.ndim and x.shape[d] == 1)
+    dims = tuple(
+        d for d in (_norm_dim(d, max(x.ndim, 1)) for d in dims) if x.ndim and x.shape[d] == 1
+    )
     return jnp.squeeze(x, dims) if dims else x
 
 

@@ -1,0 +1,161 @@
+"""Factories, RNG ops (seeding, statistics, no recompilation), dropout, and the CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from util import DEV, assert_same, check, to_cpu, to_lazy
+
+import lazyxla
+from lazyxla._src import metrics
+
+
+def test_factories():
+    cases = [
+        lambda d: torch.arange(7, device=d),
+        lambda d: torch.arange(2, 9, 3, device=d),
+        lambda d: torch.arange(0.0, 1.0, 0.25, device=d),
+        lambda d: torch.arange(5, dtype=torch.float32, device=d),
+        lambda d: torch.zeros(2, 3, device=d),
+        lambda d: torch.zeros(2, 3, dtype=torch.int32, device=d),
+        lambda d: torch.ones(4, dtype=torch.bfloat16, device=d),
+        lambda d: torch.full((2, 2), 3.5, device=d),
+        lambda d: torch.full((2, 2), 7, device=d),
+        lambda d: torch.full((3,), True, device=d),
+        lambda d: torch.eye(3, 4, device=d),
+        lambda d: torch.linspace(-1, 1, 5, device=d),
+        lambda d: torch.zeros_like(torch.empty(2, 3, device=d)),
+        lambda d: torch.ones(2, 3, device=d).new_full((2,), -1.0),
+        lambda d: torch.tensor([1.5, 2.5], device=d),
+        lambda d: torch.empty(3, 2, device=d).fill_(2.0),
+    ]
+    for make in cases:
+        expected = make("cpu")
+        actual = make(DEV)
+        assert actual.device == DEV
+        assert_same(actual, expected, exact=True)
+
+
+def test_arange_float_bounds_are_part_of_the_shape_key():
+    """Regression: shape inference was cached by a float's type, not value (arange(6.) then
+    arange(4.) gave 6 elements)."""
+    for end in (6.0, 4.0, 2.5):
+        assert_same(torch.arange(end, device=DEV), torch.arange(end), exact=True)
+        assert_same(torch.arange(0.5, end, device=DEV), torch.arange(0.5, end), exact=True)
+
+
+SHAPES_DTYPES = [((3, 4), torch.float32), ((1000,), torch.float32), ((2, 2, 2), torch.bfloat16)]
+
+
+@pytest.mark.parametrize("shape,dtype", SHAPES_DTYPES)
+def test_rand_randn(shape, dtype):
+    u = torch.rand(shape, dtype=dtype, device=DEV)
+    n = torch.randn(shape, dtype=dtype, device=DEV)
+    assert u.shape == n.shape == torch.Size(shape)
+    assert u.dtype == n.dtype == dtype
+    uc, nc = to_cpu(u).float(), to_cpu(n).float()
+    assert (uc >= 0).all() and (uc < 1).all()
+    if uc.numel() >= 1000:
+        assert abs(uc.mean().item() - 0.5) < 0.05
+        assert abs(nc.mean().item()) < 0.1
+        assert abs(nc.std().item() - 1) < 0.1
+
+
+def test_randint_and_ranges():
+    r = torch.randint(3, 9, (2000,), device=DEV)
+    assert r.dtype == torch.int64 and r.shape == (2000,)
+    rc = to_cpu(r)
+    assert rc.min().item() == 3 and rc.max().item() == 8
+    r2 = torch.randint(5, (4, 5), dtype=torch.int32, device=DEV)
+    assert r2.dtype == torch.int32
+    assert ((to_cpu(r2) >= 0) & (to_cpu(r2) < 5)).all()
+    u = torch.empty(2000, device=DEV).uniform_(-3, -1)
+    uc = to_cpu(u)
+    assert (uc >= -3).all() and (uc < -1).all()
+    nrm = torch.empty(4000, device=DEV).normal_(2.0, 0.5)
+    nc = to_cpu(nrm)
+    assert abs(nc.mean().item() - 2.0) < 0.05 and abs(nc.std().item() - 0.5) < 0.05
+
+
+def test_randperm():
+    p = torch.randperm(20, device=DEV)
+    assert p.dtype == torch.int64
+    assert sorted(to_cpu(p).tolist()) == list(range(20))
+
+
+def test_manual_seed_reproduces():
+    def draw():
+        return [
+            to_cpu(t)
+            for t in (
+                torch.rand(5, device=DEV),
+                torch.randn(2, 3, device=DEV),
+                torch.randint(0, 100, (6,), device=DEV),
+                F.dropout(torch.ones(16, device=DEV), 0.5),
+            )
+        ]
+
+    lazyxla.manual_seed(1234)
+    a = draw()
+    b = draw()
+    lazyxla.manual_seed(1234)
+    c = draw()
+    lazyxla.manual_seed(99)
+    d = draw()
+    assert_same(c, a, exact=True)
+    assert not torch.equal(a[0], b[0])
+    assert not torch.equal(a[0], d[0])
+    torch.manual_seed(7)  # torch.manual_seed seeds the device too
+    e = draw()
+    torch.manual_seed(7)
+    assert_same(draw(), e, exact=True)
+
+
+def test_dropout_statistics_and_grad():
+    lazyxla.manual_seed(0)
+    p = 0.3
+    x = to_lazy(torch.ones(4000, requires_grad=True))
+    y = F.dropout(x, p, training=True)
+    y.sum().backward()
+    yc, gc = to_cpu(y), to_cpu(x.grad)
+    kept = yc != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.03
+    scale = torch.tensor(1 / (1 - p))
+    assert_same(yc[kept], scale.expand(int(kept.sum())))
+    assert_same(gc, torch.where(kept, scale, torch.tensor(0.0)))  # the same mask in backward
+
+
+def test_dropout_masks_differ_without_recompiling():
+    lazyxla.manual_seed(0)
+    w = to_lazy(torch.ones(64, 32, requires_grad=True))
+    masks = []
+    compiles = []
+    for _ in range(4):
+        y = F.dropout(w, 0.5, training=True)
+        y.sum().backward()
+        lazyxla.sync()
+        masks.append(to_cpu(y) != 0)
+        compiles.append(metrics.counter_value("UncachedCompile"))
+        w.grad = None
+    assert compiles[1] == compiles[2] == compiles[3], compiles
+    assert not torch.equal(masks[0], masks[1])
+    assert not torch.equal(masks[1], masks[2])
+
+
+def test_nonzero_cpu_fallback():
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]])
+    before = metrics.counter_value("aten::nonzero") or 0
+    out = torch.nonzero(to_lazy(x))
+    assert out.device == DEV
+    assert_same(out, torch.nonzero(x), exact=True)
+    assert metrics.counter_value("aten::nonzero") == before + 1
+
+
+def test_linalg_det_cpu_fallback_with_grad():
+    a = torch.tensor([[2.0, 1.0, 0.5], [0.3, 3.0, 1.0], [1.0, 0.2, 4.0]], requires_grad=True)
+    names = [n for n in metrics.counter_names() if n.startswith("aten::") and "det" in n]
+    before = {n: metrics.counter_value(n) for n in names}
+    check(torch.linalg.det, a)
+    after = {n: metrics.counter_value(n) for n in metrics.counter_names() if "det" in n}
+    assert any(v > before.get(n, 0) for n, v in after.items() if n.startswith("aten::")), after

@@ -1,0 +1,178 @@
+"""Views/reshapes, indexing (gather/scatter/index_put/masking) and cat/stack/split: vs eager CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from util import DEV, check
+
+
+def rnd(*shape, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).requires_grad_(grad)
+
+
+def idx(*vals):
+    return torch.tensor(vals)
+
+
+SHAPE = {
+    "view": lambda x: x.view(4, 6) * 2,
+    "view_infer": lambda x: x.view(-1, 3).exp(),
+    "reshape_noncontig": lambda x: x.transpose(0, 2).reshape(-1, 2),
+    "flatten": lambda x: x.flatten(1),
+    "unflatten": lambda x: x.unflatten(2, (2, 2)),
+    "permute": lambda x: x.permute(2, 0, 1) * torch.arange(4.0, device=x.device)[:, None, None],
+    "transpose": lambda x: x.transpose(-1, -2).contiguous(),
+    "t_mm": lambda x: x[0].t() @ x[1],
+    "unsqueeze_squeeze": lambda x: x.unsqueeze(1).unsqueeze(-1).squeeze(-1).squeeze(),
+    "expand": lambda x: x[:, :1].expand(2, 5, 4) * 1.0,
+    "expand_as_broadcast": lambda x: x.sum(0, keepdim=True).expand_as(x) * x,
+    "repeat": lambda x: x.repeat(2, 1, 3),
+    "flip": lambda x: x.flip(0, 2),
+    "roll": lambda x: x.roll(2, 1),
+    "slice_step": lambda x: x[:, ::2, 1:],
+    "slice_neg": lambda x: x[..., -3:-1],
+    "narrow": lambda x: x.narrow(2, 1, 2),
+    "select": lambda x: x[1, :, 2],
+    "diagonal": lambda x: x.diagonal(0, 1, 2),
+    "diag_offset": lambda x: x[0].diagonal(1),
+    "tril": lambda x: x.tril(),
+    "triu": lambda x: x.triu(1),
+    "pad": lambda x: torch.nn.functional.pad(x, (1, 2, 0, 1)),
+    "pad_value": lambda x: torch.nn.functional.pad(x, (2, 0), value=-1.5),
+    "unbind": lambda x: x.unbind(1),
+    "movedim": lambda x: x.movedim(0, -1),
+    "unfold": lambda x: x.unfold(1, 2, 1),
+    "as_strided": lambda x: x.contiguous().as_strided((2, 2), (3, 1), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE))
+def test_shape_ops(name):
+    check(SHAPE[name], rnd(2, 3, 4))
+
+
+CATS = {
+    "cat0": lambda a, b: torch.cat([a, b], 0),
+    "cat_neg": lambda a, b: torch.cat([a, b, a], -1),
+    "cat_empty": lambda a, b: torch.cat([a, torch.empty(0, device=a.device), b]),
+    "stack": lambda a, b: torch.stack([a, b]),
+    "stack_last": lambda a, b: torch.stack([a, b], -1),
+    "split": lambda a, b: torch.split(torch.cat([a, b], 1), 3, dim=1),
+    "split_sizes": lambda a, b: torch.split(a, [1, 2, 1], dim=1),
+    "chunk": lambda a, b: a.chunk(2, dim=1),
+    "chunk_uneven": lambda a, b: torch.cat([a, b], 1).chunk(3, dim=1),
+    "tensor_split": lambda a, b: torch.tensor_split(a, 3, dim=1),
+    "hstack": lambda a, b: torch.hstack([a, b]),
+}
+
+
+@pytest.mark.parametrize("name", list(CATS))
+def test_cat_stack_split(name):
+    check(CATS[name], rnd(3, 4, seed=1), rnd(3, 4, seed=2))
+
+
+def test_cat_mixed_dtypes():
+    a = torch.arange(6).reshape(2, 3)
+    b = torch.rand(2, 3)
+    out_l, out_c = check(lambda x, y: torch.cat([x, y]), a, b, grad=False)
+    assert out_l.dtype == torch.float32
+
+
+INDEXING = {
+    "index_1d": lambda x: x[idx(2, 0, 2)],
+    "index_neg": lambda x: x[idx(-1, 0)],
+    "index_2d": lambda x: x[idx(0, 2), idx(1, 3)],
+    "index_middle": lambda x: x[:, idx(3, 1, 1)],
+    "index_broadcast": lambda x: x[idx(0, 1)[:, None], idx(2, 3, 0)[None, :]],
+    "index_none_ellipsis": lambda x: x[None, ..., idx(1, 2)],
+    "index_select": lambda x: x.index_select(1, idx(3, 0, 3)),
+    "index_select_0": lambda x: torch.index_select(x, 0, idx(1)),
+    "gather": lambda x: x.gather(1, idx([0, 3], [1, 1], [2, 0])),
+    "gather_dim0": lambda x: torch.gather(x, 0, idx([2, 0, 1, 2])),
+    "take_along_dim": lambda x: torch.take_along_dim(x, x.argsort(1), 1),
+    "masked_fill": lambda x: x.masked_fill(x > 0.3, -1.0),
+    "masked_fill_broadcast": lambda x: x.masked_fill(idx(True, False, True, False), 2.0),
+    "masked_fill_tensor": lambda x: x.masked_fill(x < 0, torch.tensor(0.5)),
+    "masked_fill_neg_inf": lambda x: x.masked_fill(x < -0.5, float("-inf")).softmax(-1),
+    "where": lambda x: torch.where(x > 0, x, x * 0.1),
+    "where_scalar": lambda x: torch.where(x > 0, x, 0.0),
+    "where_broadcast": lambda x: torch.where(idx(True, False, True, True), x, x.exp()),
+    "clamp_index": lambda x: x[x.detach().argmax(1).clamp(max=2)],
+}
+
+
+@pytest.mark.parametrize("name", list(INDEXING))
+def test_indexing(name):
+    check(INDEXING[name], rnd(3, 4))
+
+
+def _put(x, i, v, accumulate=False):
+    return x.index_put((i,), v, accumulate=accumulate)
+
+
+SCATTERS = {
+    "index_put": lambda x, v: _put(x, idx(2, 0), v[:2]),
+    "index_put_acc_dup": lambda x, v: _put(x, idx(1, 1, 0), v[:3], accumulate=True),
+    "index_put_2d": lambda x, v: x.index_put((idx(0, 2), idx(1, 3)), v[0, :2]),
+    "index_put_scalar_broadcast": lambda x, v: x.index_put((idx(1),), v[0, 0]),
+    "scatter": lambda x, v: x.scatter(1, idx([0, 2], [3, 1], [1, 0]), v[:, :2]),
+    "scatter_value": lambda x, v: x.scatter(1, idx([0], [3], [1]), 5.0),
+    "scatter_add": lambda x, v: x.scatter_add(1, idx([0, 0], [3, 1], [1, 1]), v[:, :2]),
+    "scatter_add_dim0": lambda x, v: x.scatter_add(0, idx([0, 1, 0, 0], [0, 1, 2, 2]), v[:2]),
+    "scatter_reduce_sum": lambda x, v: x.scatter_reduce(
+        1, idx([0, 0], [3, 1], [1, 1]), v[:, :2], "sum"
+    ),
+    "scatter_reduce_amax": lambda x, v: x.scatter_reduce(
+        1, idx([0, 2], [3, 1], [1, 0]), v[:, :2], "amax", include_self=False
+    ),
+    "index_add": lambda x, v: x.index_add(0, idx(2, 0, 2), v[:3], alpha=2.0),
+    "index_copy": lambda x, v: x.index_copy(1, idx(3, 0), v[:, :2]),
+    "index_fill": lambda x, v: x.index_fill(1, idx(0, 2), -3.0),
+    "masked_scatter_free": lambda x, v: torch.where(x > v, x, v),
+}
+
+
+@pytest.mark.parametrize("name", list(SCATTERS))
+def test_scatter_family(name):
+    check(SCATTERS[name], rnd(3, 4, seed=1), rnd(3, 4, seed=2))
+
+
+def _assign_slice(x, v):
+    y = x * 1
+    y[:, 1:3] = v[:, :2]
+    y[0] = 7.0
+    y[1:, -1] += v[1:, 0]
+    return y
+
+
+def _assign_index(x, v):
+    y = x.clone()
+    y[idx(2, 0)] = v[:2]
+    y[idx(1), idx(1)] = -1.0
+    y[:, idx(0, 3)] *= 2
+    return y
+
+
+def _assign_mask(x, v):
+    y = x.clone()
+    y[y > 0.5] = 0.0  # bool mask with a scalar: index_put with a mask (data-dependent shape)
+    return y
+
+
+@pytest.mark.parametrize("fn", [_assign_slice, _assign_index, _assign_mask])
+def test_assignment(fn):
+    check(fn, rnd(3, 4, seed=1), rnd(3, 4, seed=2))
+
+
+def test_bool_mask_read_falls_back():
+    """x[mask] has a data-dependent shape: correct result (through the CPU fallback if need be)."""
+    x = rnd(3, 4, grad=False)
+    check(lambda v: v[v > 0], x, grad=False, exact=True)
+
+
+def test_int_index_on_lazy_device():
+    x = rnd(3, 4)
+    i = idx(2, 0, 1)
+    check(lambda v, j: v[j.to(v.device)] * 2 if v.device == DEV else v[j] * 2, x, i)

@@ -1,0 +1,177 @@
+"""Reductions, scans, sort/topk and matrix products: forward and backward vs eager CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from util import check
+
+
+def rnd(*shape, seed=0, grad=True, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g)).to(dtype).requires_grad_(grad)
+
+
+def distinct(*shape, seed=0, grad=True):
+    """Values without ties (max/min/sort/topk gradients are only defined without ties)."""
+    g = torch.Generator().manual_seed(seed)
+    n = torch.Size(shape).numel()
+    return (torch.randperm(n, generator=g).float() / n - 0.5).reshape(shape).requires_grad_(grad)
+
+
+REDUCTIONS = {
+    "sum": lambda x: x.sum(),
+    "sum_dim": lambda x: x.sum(1),
+    "sum_dims_keep": lambda x: x.sum((0, 2), keepdim=True),
+    "sum_neg_dim": lambda x: x.sum(-1),
+    "mean": lambda x: x.mean(),
+    "mean_dim": lambda x: x.mean((1, 2)),
+    "mean_keep": lambda x: x.mean(-1, keepdim=True),
+    "var": lambda x: x.var(),
+    "var_dim": lambda x: x.var(1),
+    "var_unbiased_false": lambda x: x.var(-1, unbiased=False, keepdim=True),
+    "var_correction0": lambda x: torch.var(x, dim=(0, 1), correction=0),
+    "std": lambda x: x.std(),
+    "std_dim": lambda x: x.std(2, keepdim=True),
+    "var_mean": lambda x: torch.var_mean(x, dim=1),
+    "logsumexp": lambda x: x.logsumexp(-1),
+    "logsumexp_dims": lambda x: x.logsumexp((0, 2), keepdim=True),
+    "cumsum": lambda x: x.cumsum(1),
+    "cumsum_neg": lambda x: x.cumsum(-1),
+    "cumprod": lambda x: x.cumprod(2),
+    "prod_dim": lambda x: x.prod(1),
+    "norm": lambda x: x.norm(),
+    "norm_dim": lambda x: torch.linalg.vector_norm(x, dim=-1),
+    "norm_1": lambda x: torch.linalg.vector_norm(x, ord=1, dim=1),
+    "norm_inf": lambda x: torch.linalg.vector_norm(x, ord=float("inf"), dim=1),
+    "amax": lambda x: x.amax(1),
+    "amin_dims": lambda x: x.amin((0, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_reduction(name):
+    x = distinct(3, 4, 5) if name.startswith(("am", "norm_inf")) else rnd(3, 4, 5)
+    check(REDUCTIONS[name], x)
+
+
+TIE_FREE = {
+    "max": lambda x: x.max(),
+    "min": lambda x: x.min(),
+    "max_dim": lambda x: x.max(1),
+    "max_dim_keep": lambda x: x.max(-1, keepdim=True),
+    "min_dim": lambda x: x.min(0),
+    "sort": lambda x: x.sort(-1),
+    "sort_desc": lambda x: x.sort(1, descending=True),
+    "sort_dim0": lambda x: torch.sort(x, 0),
+    "topk": lambda x: x.topk(3),
+    "topk_dim1_smallest": lambda x: x.topk(2, dim=1, largest=False),
+    "topk_dim0": lambda x: torch.topk(x, 2, dim=0),
+    "argsort": lambda x: (x * 1).argsort(-1),
+    "kthvalue_via_sort": lambda x: x.sort(2).values[..., 2],
+}
+
+
+@pytest.mark.parametrize("name", list(TIE_FREE))
+def test_order_statistics(name):
+    check(TIE_FREE[name], distinct(3, 4, 5), grad=name != "argsort")
+
+
+def test_argmax_argmin():
+    x = distinct(3, 4, 5, grad=False)
+    check(
+        lambda v: (
+            v.argmax(),
+            v.argmin(),
+            v.argmax(1),
+            v.argmin(-1, keepdim=True),
+            v.argmax(0, keepdim=True),
+        ),
+        x,
+        grad=False,
+        exact=True,
+    )
+
+
+def test_argmax_ties_pick_first():
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    check(lambda v: (v.argmax(1), v.argmin(1), v.max(1), v.argmax()), x, grad=False, exact=True)
+
+
+def test_sort_stable_with_ties():
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, 1.0, 3.0]])
+    check(lambda v: (v.sort(stable=True), v.sort(descending=True, stable=True)), x, grad=False)
+
+
+def test_int_and_bool_reductions():
+    x = torch.arange(24).reshape(2, 3, 4) - 7
+    b = x > 0
+
+    def f(v, m):
+        return (
+            v.sum(),
+            v.sum(1),
+            v.sum(dtype=torch.float32),
+            v.cumsum(2),
+            v.prod(1),
+            v.max(),
+            v.amax(0),
+            m.sum(),
+            m.sum(-1),
+            m.any(1),
+            m.all(),
+            v.float().mean(1),
+        )
+
+    out_l, out_c = check(f, x, b, grad=False, exact=True)
+    assert [o.dtype for o in out_l] == [o.dtype for o in out_c]
+
+
+def test_mean_of_int_requires_float_dtype():
+    x = torch.arange(6).reshape(2, 3)
+    check(lambda v: v.mean(dtype=torch.float32), x, grad=False)
+
+
+MATMUL = {
+    "mm": ((3, 4), (4, 5), torch.mm),
+    "bmm": ((2, 3, 4), (2, 4, 5), torch.bmm),
+    "matmul_2d": ((3, 4), (4, 5), torch.matmul),
+    "matmul_batched_broadcast": ((2, 1, 3, 4), (3, 4, 2), torch.matmul),
+    "matmul_vec": ((3, 4), (4,), torch.matmul),
+    "matmul_vec_mat": ((4,), (2, 4, 3), torch.matmul),
+    "matmul_1d_1d": ((4,), (4,), torch.matmul),
+    "matmul_3d_2d": ((2, 3, 4), (4, 5), torch.matmul),
+    "einsum_bij_bjk": ((2, 3, 4), (2, 4, 5), lambda a, b: torch.einsum("bij,bjk->bik", a, b)),
+    "einsum_attn": (
+        (2, 3, 4, 5),
+        (2, 3, 6, 5),
+        lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b),
+    ),
+    "einsum_outer": ((3,), (4,), lambda a, b: torch.einsum("i,j->ij", a, b)),
+    "einsum_trace_like": ((3, 4), (3, 4), lambda a, b: torch.einsum("ij,ij->", a, b)),
+    "outer": ((3,), (4,), torch.outer),
+    "dot": ((5,), (5,), torch.dot),
+    "mv": ((3, 5), (5,), torch.mv),
+}
+
+
+@pytest.mark.parametrize("name", list(MATMUL))
+def test_matmul(name):
+    sa, sb, fn = MATMUL[name]
+    check(fn, rnd(*sa, seed=1), rnd(*sb, seed=2))
+
+
+def test_addmm_and_linear():
+    bias, a, b = rnd(5, seed=0), rnd(3, 4, seed=1), rnd(4, 5, seed=2)
+    check(lambda c, x, y: torch.addmm(c, x, y), bias, a, b)
+    check(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0), bias, a, b)
+    check(lambda c, x, y: torch.baddbmm(c, x[None], y[None], beta=2.0, alpha=-1.0), bias, a, b)
+    w, x = rnd(5, 4, seed=3), rnd(2, 3, 4, seed=4)
+    check(lambda x_, w_, b_: torch.nn.functional.linear(x_, w_, b_), x, w, bias)
+    check(lambda x_, w_: torch.nn.functional.linear(x_, w_), x, w)
+
+
+def test_bf16_matmul():
+    a = rnd(4, 8, seed=1, dtype=torch.bfloat16)
+    b = rnd(8, 3, seed=2, dtype=torch.bfloat16)
+    check(torch.mm, a, b)
