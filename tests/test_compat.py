@@ -69,12 +69,17 @@ def test_spmd_maps_lazily():
         assert xs is importlib.import_module("lazyxla.distributed.spmd")
 
 
-def test_dynamo_bridge_imports_and_points_at_the_issue():
+def test_dynamo_bridge_and_openxla_backend():
     import torch_xla.core.dynamo_bridge as db
 
     assert db.is_xla_tensor(torch.ones(1, device=dev))
-    with pytest.raises(NotImplementedError, match="issue 3"):
-        db.extract_compiled_graph(None, ())
+    gm = torch.fx.symbolic_trace(lambda x, y: (x @ y).relu())
+    a, b = torch.randn(3, 4), torch.randn(4, 2)
+    run = db.extract_compiled_graph(gm, (a.to(dev), b.to(dev)))
+    (out,) = run(a.to(dev), b.to(dev))
+    torch.testing.assert_close(out.cpu(), (a @ b).relu())
+    f = torch.compile(lambda x: x.sin() * 2, backend="openxla")
+    torch.testing.assert_close(f(a.to(dev)).cpu(), a.sin() * 2)
 
 
 def test_xlac_debug_entry_points():

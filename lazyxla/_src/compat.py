@@ -236,6 +236,17 @@ def install() -> None:
         )
     _finder = TorchXlaFinder()
     sys.meta_path.insert(0, _finder)
+    _register_openxla_backend()
+
+
+def _register_openxla_backend() -> None:
+    """`torch.compile(backend="openxla")`, torch_xla's name for the trace-once backend."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    from .dynamo import lazyxla_backend
+
+    if "openxla" not in _BACKENDS:
+        register_backend(name="openxla")(lazyxla_backend)
 
 
 def uninstall() -> None:

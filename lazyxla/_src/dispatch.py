@@ -22,7 +22,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import metrics, runtime
-from .ir import Node, Ref, TensorSpec, scalar
+from .ir import Node, Ref, TensorSpec, rng_scalar, scalar
 from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
@@ -327,8 +327,8 @@ def record(
         from . import random_state
 
         seed, offset = random_state.next_offset()
-        rec.inputs.append((scalar(seed, torch.int64), 0))
-        rec.inputs.append((scalar(offset, torch.int64), 0))
+        rec.inputs.append((rng_scalar(seed, "rng_seed", offset), 0))
+        rec.inputs.append((rng_scalar(offset, "rng_offset", offset), 0))
         kwargs.append(("key", (Ref(len(rec.inputs) - 2), Ref(len(rec.inputs) - 1))))
     node = Node(name, lw.rule, tuple(rec.inputs), tuple(args), tuple(kwargs), tuple(flat))
     return node, _wrap_outputs(node, out_struct, [0])

@@ -58,7 +58,7 @@ def intern_desc(desc: tuple) -> int:
 class Node:
     """One recorded op. Immutable after construction; `desc` is its data-free identity."""
 
-    __slots__ = ("op", "rule", "inputs", "args", "kwargs", "specs", "desc", "data", "src")
+    __slots__ = ("op", "rule", "inputs", "args", "kwargs", "specs", "desc", "data", "src", "meta")
 
     def __init__(
         self,
@@ -80,6 +80,7 @@ class Node:
         self.data = data
         self.desc = intern_desc((op, args, kwargs, specs, desc_extra))
         self.src = _user_frame() if FLAGS.ir_debug else None
+        self.meta: Any = None
 
     @property
     def is_leaf(self) -> bool:
@@ -96,6 +97,13 @@ def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:
 def scalar(value: Any, dtype: torch.dtype) -> Node:
     """A Python scalar lifted to a graph input (its value is not in the key)."""
     return Node(SCALAR, None, (), (), (), (TensorSpec((), dtype),), data=value)
+
+
+def rng_scalar(value: int, role: str, pair: int) -> Node:
+    """A random op's seed or offset: a lifted int64 scalar that trace-once replays renew."""
+    n = scalar(value, torch.int64)
+    n.meta = (role, pair)
+    return n
 
 
 def constant(value: Any, dtype: torch.dtype) -> Node:

@@ -1,0 +1,222 @@
+"""Trace once: a `torch.compile` backend that replays the graph it traced, with no Python tracing.
+
+# Note [Trace once]
+Dynamo's guards decide when an FX graph is still valid; AOTAutograd splits it into forward and
+backward graphs of plain aten ops whose runtime inputs are ordinary lazyxla tensors (see Note [Lazy
+tensor identity]: they are real PrivateUse1 tensors, so FakeTensor and AOTAutograd treat them like
+any device tensor and nothing is desugared). For each graph and each input signature we:
+1. *trace once*: run the FX graph on placeholder lazy tensors (`xla::graph_input` leaves), which
+   records its IR; the leaves reached are the graph's inputs, in post-order; lifted scalars and
+   device data created inside are captured as constant inputs, RNG offsets as inputs renewed on
+   every call; an in-place write to a placeholder is an extra output written back on replay;
+2. *replay*: splice one `xla::dynamo_graph` node into the lazy IR, whose inputs are the call's
+   arguments (pending or not: no forced sync) and whose rule interprets the traced program. Its
+   descriptor is the trace's interned structural id, so the graph cache sees the same key every
+   call and compiles once per input signature. No aten kernel runs on replay: the `xla::<op>`
+   counters stay still.
+By default the outputs are then executed at once (torch_xla's dynamo bridge semantics, so loops
+with no sync never grow a graph); `options={"sync": False}` leaves them pending, to be fused with
+whatever follows until the next sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import graph, metrics, random_state
+from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec, intern_desc, post_order, scalar
+from .lower import Program
+from .tensor import DEVICE_TYPE, new_tensor, read, state, write
+
+GRAPH_INPUT = "xla::graph_input"
+
+
+def _input_rule(*_: Any) -> Any:
+    raise RuntimeError("internal: a graph_input placeholder reached a lowering")
+
+
+class _Leaf:
+    """How a traced graph's leaf is fed on replay."""
+
+    __slots__ = ("kind", "arg", "node")
+
+    def __init__(self, kind: str, arg: int = -1, node: Node | None = None) -> None:
+        self.kind = kind  # "arg" | "const" | "rng_seed" | "rng_offset"
+        self.arg = arg
+        self.node = node
+
+
+class Trace:
+    """One FX graph traced for one input signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+        fake_args: list[Any] = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:
+                spec = TensorSpec(tuple(a.shape), a.dtype)
+                node = Node(GRAPH_INPUT, _input_rule, (), (i,), (), (spec,))
+                fake_args.append(new_tensor((node, 0), spec))
+            else:
+                fake_args.append(a)
+        with torch.no_grad():
+            outs = gm(*fake_args)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        # Outputs: tensors computed by the graph, or inputs passed straight through.
+        roots: list[tuple[Node, int]] = []
+        self.out_plan: list[tuple[str, Any]] = []
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.device.type == DEVICE_TYPE:
+                v = read(state(o))
+                if v[0].op == GRAPH_INPUT and v[0].args[0] < len(args):
+                    self.out_plan.append(("arg", v[0].args[0]))
+                else:
+                    self.out_plan.append(("out", len(roots)))
+                    roots.append(v)
+            else:
+                self.out_plan.append(("py", o))
+        # In-place writes to inputs (e.g. BatchNorm running stats kept in the graph).
+        self.mutations: list[tuple[int, int]] = []
+        for i, t in enumerate(fake_args):
+            if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
+                v = read(state(t))
+                if v[0].op != GRAPH_INPUT:
+                    self.mutations.append((i, len(roots)))
+                    roots.append(v)
+        nodes = post_order([n for n, _ in roots])
+        pos = {id(n): i for i, n in enumerate(nodes)}
+        leaves = [n for n in nodes if n.op in (GRAPH_INPUT, DEVICE_DATA, SCALAR)]
+        self.leaves: list[_Leaf] = []
+        for n in leaves:
+            if n.op == GRAPH_INPUT:
+                self.leaves.append(_Leaf("arg", n.args[0]))
+            elif n.meta is not None:  # a random op's (seed, offset), see ir.rng_scalar
+                self.leaves.append(_Leaf(n.meta[0], node=n))
+            else:
+                self.leaves.append(_Leaf("const", node=n))
+        self.out_specs = tuple(n.specs[k] for n, k in roots)
+        self.program = Program(
+            nodes, pos, [(pos[id(n)], k) for n, k in roots], leaf_ids={id(n) for n in leaves}
+        )
+        parts = []
+        for n in nodes:
+            if n.inputs:
+                parts.append((n.desc, tuple((pos[id(x)], k) for x, k in n.inputs)))
+            elif n.op in (GRAPH_INPUT, DEVICE_DATA, SCALAR):
+                parts.append((n.op, n.specs))
+            else:
+                parts.append(n.desc)
+        self.id = intern_desc(("dynamo_graph", tuple(parts), tuple(pos[id(n)] for n, _ in roots)))
+        body = self.program.function()
+        self.rule = lambda *arrays: tuple(body(list(arrays[:-1]), []))
+        self.n_roots = len(roots)
+
+    def replay(self, args: Sequence[Any], sync: bool) -> Any:
+        inputs: list[tuple[Node, int]] = []
+        offset_pairs: dict[int, tuple[int, int]] = {}
+        for leaf in self.leaves:
+            if leaf.kind == "arg":
+                inputs.append(read(state(args[leaf.arg])))
+            elif leaf.kind == "const":
+                inputs.append((leaf.node, 0))
+            else:  # a random op's (seed, offset): fresh every call
+                i = leaf.node.meta[1]
+                if i not in offset_pairs:
+                    offset_pairs[i] = random_state.next_offset()
+                seed, off = offset_pairs[i]
+                inputs.append((scalar(seed if leaf.kind == "rng_seed" else off, torch.int64), 0))
+        node = Node(
+            "xla::dynamo_graph",
+            self.rule,
+            tuple(inputs),
+            (*(Ref(i) for i in range(len(inputs))), self.id),
+            (),
+            self.out_specs,
+        )
+        outs = [new_tensor((node, i), spec) for i, spec in enumerate(self.out_specs)]
+        for arg_index, root in self.mutations:
+            target = args[arg_index]
+            write(state(target), (node, root))
+        if sync and outs:
+            graph.sync_states([state(o) for o in outs])
+        result = []
+        for kind, v in self.out_plan:
+            if kind == "out":
+                result.append(outs[v])
+            elif kind == "arg":
+                result.append(args[v])
+            else:
+                result.append(v)
+        return result
+
+
+class CompiledGraph:
+    """An FX graph's traces by input signature; calling it replays (tracing on a new signature)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, sync: bool = True) -> None:
+        self.gm = gm
+        self.sync = sync
+        self.traces: dict[tuple, Trace] = {}
+
+    @staticmethod
+    def signature(args: Sequence[Any]) -> tuple:
+        sig = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                ann = state(a).sharding if a.device.type == DEVICE_TYPE else None
+                sig.append((tuple(a.shape), a.dtype, a.device.type, getattr(ann, "named", None)))
+            else:
+                sig.append(a)
+        return tuple(sig)
+
+    def __call__(self, *args: Any) -> Any:
+        args = list(args)
+        key = self.signature(args)
+        tr = self.traces.get(key)
+        if tr is None:
+            metrics.counter_inc("DynamoExtractCompiledGraph")
+            tr = self.traces[key] = Trace(self.gm, args)
+        return tr.replay(args, self.sync)
+
+
+def extract_compiled_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """torch_xla's `dynamo_bridge.extract_compiled_graph`: a callable running `gm` optimized."""
+    compiled = CompiledGraph(gm)
+
+    def run(*args: Any) -> tuple:
+        return tuple(compiled(*args))
+
+    return run
+
+
+def _make_compiler(sync: bool) -> Callable:
+    from functorch.compile import make_boxed_func
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        compiled = CompiledGraph(gm, sync=sync)
+
+        def run(*args: Any) -> list:
+            return compiled(*args)
+
+        return make_boxed_func(run)
+
+    return compiler
+
+
+def lazyxla_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None
+) -> Callable:
+    """The `torch.compile(backend="lazyxla")` entry point (see Note [Trace once])."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    sync = True if options is None else bool(options.get("sync", True))
+    compiler = _make_compiler(sync)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+
+
+def register_backends() -> None:
+    from torch._dynamo.backends.registry import register_backend
+
+    register_backend(name="lazyxla")(lazyxla_backend)
