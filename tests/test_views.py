@@ -232,11 +232,6 @@ def test_copy_from_cpu_into_slice():
     _run(fn, _x(3, 4))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime.host_to_device: jax.device_put zero-copies the CPU tensor's numpy buffer on "
-    "the CPU backend, so later in-place writes to the host tensor change the device value",
-)
 def test_upload_does_not_alias_host():
     """`.to(device)` copies: mutating the CPU tensor afterwards must not change the device value."""
     x = torch.zeros(3, 4)

@@ -72,7 +72,7 @@ def default_device() -> jax.Device:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host copy of a CPU tensor as numpy (bfloat16 through its bit pattern)."""
+    """A numpy view of a CPU tensor (bfloat16 through its bit pattern); shares its memory."""
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
         return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -82,7 +82,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
     """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData)."""
     with metrics.timed("TransferToDeviceTime"):
-        arr = jax.device_put(to_numpy(t), device or default_device())
+        # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
+        # tensor stays writable by the user while jax buffers must never change.
+        arr = jax.device_put(np.array(to_numpy(t), copy=True), device or default_device())
     metrics.metric_add("OutboundData", t.numel() * t.element_size())
     metrics.counter_inc("CreateDataHandles")
     return arr

@@ -206,16 +206,7 @@ def test_pool2d(name):
     check(POOLS[name], x.requires_grad_())
 
 
-_BN_FALLBACK = pytest.mark.xfail(
-    strict=True,
-    reason="aten::native_batch_norm has no lowering (its functional twin needs a kernel that both "
-    "returns outputs and writes running stats, which dispatch.inplace_kernel cannot express); the "
-    "CPU "
-    "fallback does not write running_mean/var back because the schema lacks (a!) annotations",
-)
-
-
-@pytest.mark.parametrize("train", [pytest.param(True, marks=_BN_FALLBACK), False])
+@pytest.mark.parametrize("train", [True, False])
 def test_batch_norm_module(train):
     torch.manual_seed(0)
     m = torch.nn.BatchNorm2d(3, momentum=0.2)
@@ -244,7 +235,6 @@ def test_batch_norm_module(train):
         assert_same(sd_l[k], sd_c[k], exact=k == "num_batches_tracked")
 
 
-@_BN_FALLBACK
 def test_batch_norm_functional_no_affine():
     x = rnd(4, 3, 5)
     rm, rv = torch.zeros(3), torch.ones(3)

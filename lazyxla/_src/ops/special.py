@@ -90,6 +90,56 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.eq(a, b).all().item())
 
 
+# --- batch norm: outputs *and* running statistics written in place ----------------------------------
+# PyTorch's batch-norm entry points update running_mean/var in place (some without saying so in
+# their schema), so they cannot be derived from a functional rule: each is the functional op
+# `_native_batch_norm_legit_functional` (lowered in nn.py) plus a write of the new statistics.
+
+
+def _bn(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training and running_mean is not None:
+        return aten._native_batch_norm_legit_no_training(
+            x, weight, bias, running_mean, running_var, momentum, eps
+        )
+    c = x.shape[1]
+    rm = running_mean if running_mean is not None else torch.zeros(c, device=x.device)
+    rv = running_var if running_var is not None else torch.ones(c, device=x.device)
+    out, mean, rstd, new_rm, new_rv = aten._native_batch_norm_legit_functional(
+        x, weight, bias, rm, rv, True, momentum, eps
+    )
+    if running_mean is not None:
+        copy_(running_mean, new_rm)
+        copy_(running_var, new_rv)
+    return out, mean, rstd
+
+
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _bn(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+def native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    return _bn(x, weight, bias, None, None, training, momentum, eps)
+
+
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, rstd = _bn(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, rstd, torch.empty((0,), dtype=torch.uint8, device=x.device)
+
+
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None
+    out, mean, rstd = _bn(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return out, mean, rstd, torch.empty((0,), dtype=torch.uint8, device=x.device)
+
+
+def batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, mask, reserve
+):
+    return aten.native_batch_norm_backward(
+        grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, mask
+    )
+
+
 def install() -> None:
     register_kernel(aten._to_copy.default, _to_copy)
     register_kernel(aten.copy_.default, copy_)
@@ -97,6 +147,12 @@ def install() -> None:
     register_kernel(aten._copy_from_and_resize.default, _copy_from_and_resize)
     register_kernel(aten._local_scalar_dense.default, _local_scalar_dense)
     register_kernel(aten.equal.default, equal)
+    register_kernel(aten.native_batch_norm.default, native_batch_norm)
+    register_kernel(aten._native_batch_norm_legit.default, native_batch_norm)
+    register_kernel(aten._native_batch_norm_legit.no_stats, native_batch_norm_no_stats)
+    register_kernel(aten._batch_norm_with_update.default, batch_norm_with_update)
+    register_kernel(aten._batch_norm_no_update.default, batch_norm_no_update)
+    register_kernel(aten.batch_norm_backward.default, batch_norm_backward)
     from .. import fallback
 
     fallback.install()
