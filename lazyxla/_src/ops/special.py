@@ -90,7 +90,7 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.eq(a, b).all().item())
 
 
-# --- batch norm: outputs *and* running statistics written in place ----------------------------------
+# --- batch norm: outputs *and* running statistics written in place ---------------------------
 # PyTorch's batch-norm entry points update running_mean/var in place (some without saying so in
 # their schema), so they cannot be derived from a functional rule: each is the functional op
 # `_native_batch_norm_legit_functional` (lowered in nn.py) plus a write of the new statistics.
