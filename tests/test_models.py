@@ -28,10 +28,14 @@ TINY_DECODER = DecoderConfig(
     vocab_size=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, ffn_dim=64
 )
 
+# Adam's update is g / (|g| + eps) early on: where |g| is near eps, a 1-ulp difference in a gradient
+# (XLA and eager CPU sum matmuls in different orders) moves the parameter by ~lr / 100, and a ReLU
+# that flips as a result amplifies it further. eps=1e-6 keeps that chaos below the 1e-5 tolerance
+# without changing what is compared (the lowering of every op of the step).
 OPTIMIZERS = {
     "SGD": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}),
-    "Adam": (torch.optim.Adam, {"lr": 1e-3, "weight_decay": 1e-4}),
-    "AdamW": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-2}),
+    "Adam": (torch.optim.Adam, {"lr": 1e-3, "weight_decay": 1e-4, "eps": 1e-6}),
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-2, "eps": 1e-6}),
 }
 IMPLS = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
@@ -46,10 +50,10 @@ def _fallback_counts() -> dict[str, int]:
 
 
 def _mlp_case(steps: int) -> tuple[Callable[[], torch.nn.Module], list, Callable]:
-    width = 64
+    width, batch = 512, 64  # the benchmark's MLP: 4 x Linear(512, 512)
     gen = torch.Generator().manual_seed(1234)
     batches = [
-        (torch.randn(16, width, generator=gen), torch.randn(16, width, generator=gen))
+        (torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen))
         for _ in range(steps)
     ]
 
@@ -76,9 +80,8 @@ def _decoder_case(steps: int) -> tuple[Callable[[], torch.nn.Module], list, Call
 CASES = {"mlp": _mlp_case, "decoder": _decoder_case}
 
 aten = torch.ops.aten
-# Known lowering gaps, each expected to fail only while its lowering is missing: once it lands the
+# A known lowering gap, expected to fail only while the lowering is missing: once it lands the
 # condition turns false and the case is enforced again.
-_NO_RMS_NORM_BACKWARD = aten._fused_rms_norm_backward.default not in LOWERINGS
 _NO_FUSED_SGD = aten._fused_sgd_.default not in LOWERINGS
 
 
@@ -102,8 +105,6 @@ def _train(model, opt, batches, loss_fn, device, on_step=None):
 @pytest.mark.parametrize("case", list(CASES))
 def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
     """20 steps on lazyxla and on CPU agree (losses at each step, parameters at the end)."""
-    if case == "decoder" and _NO_RMS_NORM_BACKWARD:
-        pytest.xfail("lazyxla: aten::_fused_rms_norm_backward has no lowering (nor a CPU kernel)")
     make_model, batches, loss_fn = CASES[case](STEPS)
     opt_cls, opt_kwargs = OPTIMIZERS[opt_name]
     opt_kwargs = {**opt_kwargs, **IMPLS[impl]}
@@ -140,9 +141,8 @@ def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
             p_dev.detach().cpu(), p_cpu.detach(), rtol=RTOL, atol=ATOL, msg=name
         )
     assert compiles[-1] == compiles[1], f"UncachedCompile grew after step 2: {compiles}"
-    fallbacks = [
-        op for op in _fallback_counts() if _fallback_counts()[op] > fallbacks_before.get(op, 0)
-    ]
+    after = _fallback_counts()
+    fallbacks = [op for op, n in after.items() if n > fallbacks_before.get(op, 0)]
     if fallbacks == ["_fused_sgd_"] and _NO_FUSED_SGD:
         pytest.xfail("lazyxla: aten::_fused_sgd_ has no lowering; it ran on the CPU fallback")
     assert not fallbacks, f"ops ran on the CPU fallback: {fallbacks}"
