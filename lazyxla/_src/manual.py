@@ -31,6 +31,7 @@ from .lower import Program
 from .tensor import new_tensor, read, state
 
 FULL_TO_SHARD = "xla::full_to_shard"
+_regions_opened = 0  # collectives look for a region only once one was ever opened
 
 
 class ManualRegionError(RuntimeError):
@@ -75,6 +76,8 @@ def enable_manual_sharding(
     value = emit(FULL_TO_SHARD, _open_region_rule, (read(state(t)),), (Ref(0), mesh, spec), local)
     out = new_tensor(value, local)
     state(out).sharding = xs.MANUAL
+    global _regions_opened
+    _regions_opened += 1
     return xs.XLAShardedTensor.wrap(out)
 
 
@@ -302,6 +305,9 @@ def collective_permute(t: torch.Tensor, mesh: xs.Mesh, pairs: Sequence[Sequence[
 
 
 def in_manual_region(tensors: Sequence[torch.Tensor]) -> xs.Mesh | None:
+    """The mesh of the manual region any of `tensors` belongs to, or None."""
+    if not _regions_opened:
+        return None
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.device.type == "jax":
             m = manual_mesh(t)

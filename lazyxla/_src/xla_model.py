@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import torch
 
-from . import api, graph, random_state, runtime, runtime_api, step_closures
+from . import api, graph, manual, random_state, runtime, runtime_api, step_closures
 from .ir import DEVICE_DATA, Node, Ref, device_data
 from .tensor import DEVICE_TYPE, is_lazy, live_states, new_tensor, read, state, write
 
@@ -389,6 +389,15 @@ def all_reduce(
     """
     del pin_layout
     _check_reduce_type(reduce_type)
+    tensors = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    mesh = manual.in_manual_region(tensors)
+    if mesh is not None:  # SPMD manual region: a real collective over mesh axes
+        out = [manual.all_reduce(t, mesh, reduce_type, scale, groups) for t in tensors]
+        if isinstance(inputs, torch.Tensor):
+            return out[0]
+        for t, o in zip(inputs, out):
+            t.copy_(o)
+        return inputs
     _check_groups(groups, "all_reduce")
     if isinstance(inputs, torch.Tensor):
         return _scaled(inputs, scale)
@@ -408,6 +417,13 @@ def all_gather(
 ) -> torch.Tensor:
     """Concatenate every replica's `value` along `dim`; over one replica, a copy of `value`."""
     del pin_layout
+    mesh = manual.in_manual_region([value])
+    if mesh is not None:
+        result = manual.all_gather(value, mesh, dim, groups)
+        if output is not None:
+            output.copy_(result)
+            return output
+        return result
     _check_groups(groups, "all_gather")
     result = torch.cat([value], dim=dim)
     if output is not None:
@@ -430,8 +446,15 @@ def reduce_scatter(
 
     Over one replica (`shard_count` must be 1) that is `input * scale`.
     """
-    del pin_layout, scatter_dim
+    del pin_layout
     _check_reduce_type(reduce_type)
+    mesh = manual.in_manual_region([input] if isinstance(input, torch.Tensor) else list(input))
+    if mesh is not None and isinstance(input, torch.Tensor):
+        result = manual.reduce_scatter(input, mesh, reduce_type, scale, scatter_dim, groups)
+        if output is not None:
+            output.copy_(result)
+            return output
+        return result
     _check_groups(groups, "reduce_scatter")
     if shard_count != 1:
         raise ValueError(
@@ -460,7 +483,10 @@ def all_to_all(
     pin_layout: bool = True,
 ) -> torch.Tensor:
     """Split `value` among replicas and concatenate what each receives; one replica: a copy."""
-    del pin_layout, split_dimension, concat_dimension
+    del pin_layout
+    mesh = manual.in_manual_region([value])
+    if mesh is not None:
+        return manual.all_to_all(value, mesh, split_dimension, concat_dimension, groups)
     _check_groups(groups, "all_to_all")
     if split_count != 1:
         raise ValueError(
@@ -475,6 +501,9 @@ def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> t
     A replica that receives nothing gets zeros, as in XLA. With one replica the only valid pair is
     `[0, 0]`.
     """
+    mesh = manual.in_manual_region([value])
+    if mesh is not None:
+        return manual.collective_permute(value, mesh, pairs)
     for pair in pairs:
         if any(r != 0 for r in pair):
             raise ValueError(

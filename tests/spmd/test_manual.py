@@ -65,3 +65,16 @@ def test_groups_must_be_mesh_axes(mesh):
     assert manual.axes_for_groups(mesh, [[0, 1], [2, 3], [4, 5], [6, 7]]) == ("y",)
     assert manual.axes_for_groups(mesh, None) == ("x", "y")
     assert np.array_equal(mesh.get_logical_mesh(), np.arange(8).reshape(4, 2))
+
+
+def test_xm_all_reduce_inside_region(mesh):
+    import lazyxla.core.xla_model as xm
+
+    x = torch.randn(8, 4)
+    local = xs.enable_manual_sharding(x.to(dev), (("x", "y"), None), mesh=mesh)  # (1, 4) each
+    total = xm.all_reduce(xm.REDUCE_SUM, local, scale=0.5)
+    full = xs.disable_manual_sharding(total, (("x", "y"), None), (8, 4), mesh=mesh)
+    torch.testing.assert_close(full.cpu(), (x.sum(0) * 0.5).expand(8, 4), rtol=1e-5, atol=1e-5)
+    rolled = xm.collective_permute(local, [[i, (i + 1) % 8] for i in range(8)])
+    back = xs.disable_manual_sharding(rolled, (("x", "y"), None), (8, 4), mesh=mesh)
+    torch.testing.assert_close(back.cpu(), torch.roll(x, 1, 0))
