@@ -433,9 +433,7 @@ def test_mp_device_loader_yields_device_batches_and_syncs_each_step():
 
 
 def test_parallel_loader_per_device_loader_and_errors():
-    para = pl.ParallelLoader([torch.ones(1)] * 4, [dev], batches_per_execution=2,
-                             input_sharding="stored")  # fmt: skip
-    assert para._input_sharding == "stored"
+    para = pl.ParallelLoader([torch.ones(1)] * 4, [dev], batches_per_execution=2)
     it = para.per_device_loader(dev)
     assert len(it) == 4
     met.clear_all()

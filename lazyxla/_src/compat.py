@@ -236,17 +236,8 @@ def install() -> None:
         )
     _finder = TorchXlaFinder()
     sys.meta_path.insert(0, _finder)
-    _register_openxla_backend()
-
-
-def _register_openxla_backend() -> None:
-    """`torch.compile(backend="openxla")`, torch_xla's name for the trace-once backend."""
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-
-    from .dynamo import lazyxla_backend
-
-    if "openxla" not in _BACKENDS:
-        register_backend(name="openxla")(lazyxla_backend)
+    # torch.compile(backend="openxla") is PyTorch's own backend: it imports
+    # torch_xla.core.dynamo_bridge, which the alias resolves to lazyxla's trace-once bridge.
 
 
 def uninstall() -> None:

@@ -131,7 +131,7 @@ class _Pipeline:
                 continue
             if self.upload_on_thread:
                 return _map(item, lambda u: xla_model.wrap_uploaded(u.array, u.cpu), _Uploaded)
-            return xla_model.send_cpu_data_to_device(item, device)[0]
+            return xla_model.send_cpu_data_to_device([item], device)[0]
 
     def close(self) -> None:
         self.done.set()
@@ -176,7 +176,23 @@ class PerDeviceLoader:
                 raise errors.get()
             graph.sync()
             raise StopIteration
+        sharding = self._loader._input_sharding
+        return item if sharding is None else _shard_batch(item, sharding)
+
+
+def _shard_batch(item: Any, sharding: Any, key: Any = None) -> Any:
+    """Annotate each device tensor of a batch with its `input_sharding` (a ShardingSpec, or a dict
+    from batch keys to ShardingSpecs), as torch_xla's loader does, so steps see sharded inputs."""
+    if isinstance(item, torch.Tensor):
+        spec = sharding.get(key) if isinstance(sharding, dict) else sharding
+        if spec is not None and spec.can_apply(item):
+            spec.apply(item)
         return item
+    if isinstance(item, dict):
+        return {k: _shard_batch(v, sharding, k) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return type(item)(_shard_batch(v, sharding, key) for v in item)
+    return item
 
 
 class ParallelLoader:
@@ -190,7 +206,8 @@ class ParallelLoader:
         loader_prefetch_size: CPU batches buffered ahead per device.
         device_prefetch_size: device batches buffered ahead per device.
         host_to_device_transfer_threads: transfer threads per device.
-        input_sharding: an SPMD sharding for the batches; stored for lazyxla's SPMD support.
+        input_sharding: an SPMD `ShardingSpec` applied to each batch tensor (or a dict mapping
+            the keys of dict batches to specs).
     """
 
     def __init__(

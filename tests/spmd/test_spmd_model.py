@@ -94,3 +94,24 @@ def test_visualize(mesh, capsys):
     xs.visualize_sharding("{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}")
     out = capsys.readouterr().out
     assert "CPU 0,2,4,6" in out and "CPU 1,3,5,7" in out
+
+
+def test_mp_device_loader_places_batches_sharded():
+    import lazyxla.distributed.parallel_loader as pl
+
+    mesh = xs.Mesh(np.arange(8), (8,), ("data",))
+    batches = _batches(4)
+    ref = _mlp()
+    model = copy.deepcopy(ref).to(dev)
+    ref_losses = _train(ref, torch.optim.SGD(ref.parameters(), lr=0.1), batches, lambda t: t)
+    loader = pl.MpDeviceLoader(batches, dev, input_sharding=xs.ShardingSpec(mesh, ("data", None)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in loader:
+        assert lazyxla.debug.sharding_spec(x) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
