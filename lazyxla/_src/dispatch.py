@@ -191,20 +191,38 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
 def _eval_shape(lw: Lowering, specs: list[ArgSpec], vals: list[Any]) -> Any:
     import jax
 
-    def struct(v: Any) -> Any:
+    structs: list[Any] = []  # tensor arguments, traced by eval_shape; the rest stay static
+
+    def slot(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            return jax.ShapeDtypeStruct(tuple(v.shape), runtime.jnp_dtype(v.dtype))
+            structs.append(jax.ShapeDtypeStruct(tuple(v.shape), runtime.jnp_dtype(v.dtype)))
+            return Ref(len(structs) - 1)
         if isinstance(v, (list, tuple)):
-            return type(v)(struct(x) for x in v)
+            return type(v)(slot(x) for x in v)
         return v
 
-    args = [struct(v) for s, v in zip(specs, vals) if not s.kwarg_only and s.kind != GENERATOR]
-    kwargs = {
-        s.name: struct(v) for s, v in zip(specs, vals) if s.kwarg_only and s.kind != GENERATOR
-    }
-    out = jax.eval_shape(lambda: lw.rule(*args, **kwargs))
+    args = [slot(v) for s, v in zip(specs, vals) if not s.kwarg_only and s.kind != GENERATOR]
+    kwargs = {s.name: slot(v) for s, v in zip(specs, vals) if s.kwarg_only and s.kind != GENERATOR}
+
+    def fill(v: Any, arrays: tuple) -> Any:
+        if type(v) is Ref:
+            return arrays[v]
+        if isinstance(v, (list, tuple)):
+            return type(v)(fill(x, arrays) for x in v)
+        return v
+
+    def run(*arrays: Any) -> Any:
+        a = [fill(v, arrays) for v in args]
+        kw = {k: fill(v, arrays) for k, v in kwargs.items()}
+        if lw.random:
+            kw["key"] = (jax.numpy.zeros((), "int64"), jax.numpy.zeros((), "int64"))
+        return lw.rule(*a, **kw)
+
+    out = jax.eval_shape(run, *structs)
 
     def to_spec(o: Any) -> Any:
+        if o is None:
+            return None
         if isinstance(o, (list, tuple)):
             return type(o)(to_spec(x) for x in o)
         return TensorSpec(tuple(o.shape), runtime.NP_TO_TORCH[o.dtype])
@@ -416,8 +434,11 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
-        infer(op, specs, vals)  # PyTorch's own checks (broadcast into self, dtype casts)
-        out_struct = infer(functional, fspecs, vals)
+        try:
+            infer(op, specs, vals)  # PyTorch's own checks (broadcast into self, dtype casts)
+        except NotImplementedError:
+            pass  # no meta kernel for the in-place op (_fused_sgd_): the functional one decides
+        out_struct = infer(functional, fspecs, vals, lw)
         _, out = record(name, lw, fspecs, vals, out_struct)
         if len(writes) == 1 and not specs[writes[0]].is_list_write:
             _write_result(vals[writes[0]], out if isinstance(out, torch.Tensor) else out[0])

@@ -177,3 +177,36 @@ for _packet, _decoupled in ((aten._fused_adam, False), (aten._fused_adamw, True)
                 lambda *a, _d=_decoupled, **k: _adam(*a, decoupled=_d, **k),
                 lift=_FLOATS,
             )
+
+
+def _sgd(params, grads, momentum_buffers, *, weight_decay, momentum, lr, dampening, nesterov,
+         maximize, is_first_step, grad_scale=None, found_inf=None):  # fmt: skip
+    new_p, new_b = [], []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if grad_scale is not None:
+            g = g / grad_scale
+        if maximize:
+            g = -g
+        if not is_const(weight_decay, 0):
+            g = g + weight_decay * p
+        buf = momentum_buffers[i] if momentum_buffers else None
+        if not is_const(momentum, 0):
+            buf = g if is_first_step else buf * momentum + (1 - dampening) * g
+            g = g + momentum * buf if nesterov else buf
+        upd = p - lr * g
+        if found_inf is not None:
+            upd = jnp.where(found_inf > 0, p, upd)
+        new_p.append(upd.astype(p.dtype))
+        new_b.append(buf.astype(p.dtype) if buf is not None else None)
+    if not momentum_buffers:
+        new_b = list(momentum_buffers)
+    return new_p, list(grads), new_b
+
+
+for _ov in ("default", "tensor_lr"):
+    if _ov in aten._fused_sgd.overloads():
+        register(
+            getattr(aten._fused_sgd, _ov),
+            _sgd,
+            lift=("lr", "momentum", "weight_decay", "dampening"),
+        )
