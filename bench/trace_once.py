@@ -1,0 +1,178 @@
+"""Trace once vs lazy: torch.compile(backend="lazyxla") against lazyxla's per-step tracing.
+
+Per model and mode, the median time of one training step (or one inference call), side by side:
+- eager (CPU) and torch.compile with inductor (CPU),
+- lazyxla lazy: record every op each step, `sync(wait=True)`,
+- lazyxla trace-once: the model through `torch.compile(backend="lazyxla")` (forward and backward
+  replayed, each executed at once as torch_xla's bridge does), the optimizer recorded lazily, then
+  `sync(wait=True)`; and the same with `options={"sync": False}` (one fused graph per step),
+- the limit: the cached jitted executable of that step called directly on the same inputs.
+Ratios: trace-once / limit (target <= 1.10), trace-once over lazy (target >= 2x geomean), and the
+decoder training step via trace-once vs eager (target <= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from step import _interleaved_ms, _warm  # noqa: E402
+
+import lazyxla  # noqa: E402
+from lazyxla._src import graph  # noqa: E402
+from lazyxla.demo import CONFIG as DECODER_CONFIG  # noqa: E402
+from lazyxla.demo import copy_batch  # noqa: E402
+from lazyxla.models import MLP, Decoder  # noqa: E402
+
+
+def _workloads() -> dict[str, dict]:
+    gen = torch.Generator().manual_seed(0)
+    mlp_batch = (torch.randn(64, 512, generator=gen), torch.randn(64, 512, generator=gen))
+    dec_batch = copy_batch(32, DECODER_CONFIG.max_seq_len, DECODER_CONFIG.vocab_size, gen)
+    return {
+        "MLP train": dict(
+            make=MLP,
+            opt=lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+            batch=mlp_batch,
+            loss=lambda m, x, y: F.mse_loss(m(x), y),
+            train=True,
+        ),
+        "Decoder train": dict(
+            make=lambda: Decoder(DECODER_CONFIG),
+            opt=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+            batch=dec_batch,
+            loss=lambda m, x, y: m.loss(x, y),
+            train=True,
+        ),
+        "Decoder inference": dict(
+            make=lambda: Decoder(DECODER_CONFIG),
+            opt=None,
+            batch=dec_batch[:1],
+            loss=lambda m, x: m(x),
+            train=False,
+        ),
+    }
+
+
+def _step_fn(spec: dict, device: str | torch.device, compile_backend: str | None, options=None):
+    torch.manual_seed(0)
+    model = spec["make"]().to(device)
+    batch = tuple(t.to(device) for t in spec["batch"])
+    fwd = model
+    if compile_backend is not None:
+        fwd = torch.compile(model, backend=compile_backend, options=options)
+    lazy = device != "cpu"
+    if not spec["train"]:
+        model.eval()
+
+        def infer() -> None:
+            with torch.no_grad():
+                out = spec["loss"](fwd, *batch)
+            if lazy:
+                lazyxla.sync(wait=True)
+            return out
+
+        return infer
+    opt = spec["opt"](model.parameters())
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = spec["loss"](fwd, *batch)
+        loss.backward()
+        opt.step()
+        if lazy:
+            lazyxla.sync(wait=True)
+
+    return step
+
+
+def _lazy_limit(spec: dict) -> Callable[[], None]:
+    """Record one step without syncing and keep its (cached) executable."""
+    torch.manual_seed(0)
+    dev = lazyxla.device()
+    model = spec["make"]().to(dev)
+    batch = tuple(t.to(dev) for t in spec["batch"])
+    fwd = torch.compile(model, backend="lazyxla", options={"sync": False})
+    if spec["train"]:
+        opt = spec["opt"](model.parameters())
+
+        def record() -> None:
+            opt.zero_grad()
+            spec["loss"](fwd, *batch).backward()
+            opt.step()
+    else:
+        model.eval()
+
+        def record() -> None:
+            with torch.no_grad():
+                spec["loss"](fwd, *batch)
+
+    for _ in range(3):
+        record()
+        lazyxla.sync(wait=True)
+    record()
+    cap = graph.Capture(graph.pending_states(None))
+    exe = graph.compile_capture(cap)
+    lazyxla.sync(wait=True)
+    return lambda: jax.block_until_ready(exe(cap.data, cap.scalars))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=4)
+    parser.add_argument("--no-inductor", action="store_true")
+    args = parser.parse_args(argv)
+    console = Console()
+    dev = lazyxla.device()
+    over_lazy, rows = [], []
+    for name, spec in _workloads().items():
+        modes: dict[str, Callable[[], object]] = {
+            "eager": _step_fn(spec, "cpu", None),
+        }
+        if not args.no_inductor:
+            modes["inductor"] = _step_fn(spec, "cpu", "inductor")
+        modes["lazyxla lazy"] = _step_fn(spec, dev, None)
+        modes["trace-once"] = _step_fn(spec, dev, "lazyxla")
+        modes["trace-once, one graph"] = _step_fn(spec, dev, "lazyxla", {"sync": False})
+        with console.status(f"{name}: warm-up (compiles)"):
+            for fn in modes.values():
+                _warm(fn, args.warmup)
+            modes["limit"] = _lazy_limit(spec)
+            _warm(modes["limit"], 2)
+        with console.status(f"{name}: timing"):
+            ms = _interleaved_ms(modes, args.rounds, args.per_round)
+        table = Table(title=f"{name}: median ms per step")
+        for col in ("mode", "ms", "vs eager", "vs limit"):
+            table.add_column(col, justify="right" if col != "mode" else "left")
+        for mode, v in ms.items():
+            table.add_row(mode, f"{v:.2f}", f"{v / ms['eager']:.2f}x", f"{v / ms['limit']:.2f}x")
+        console.print(table)
+        best = min(ms["trace-once"], ms["trace-once, one graph"])
+        over_lazy.append(ms["lazyxla lazy"] / best)
+        rows.append((name, best / ms["limit"], ms["lazyxla lazy"] / best, best / ms["eager"]))
+    summary = Table(title="trace-once summary (best of the two trace-once modes)")
+    for col in ("workload", "trace-once / limit", "lazy / trace-once", "trace-once / eager"):
+        summary.add_column(col, justify="right")
+    for name, a, b, c in rows:
+        summary.add_row(name, f"{a:.2f}x", f"{b:.2f}x", f"{c:.2f}x")
+    console.print(summary)
+    geo = math.exp(statistics.fmean(math.log(x) for x in over_lazy))
+    console.print(f"trace-once over lazy, geomean: [bold]{geo:.2f}x[/]")
+
+
+if __name__ == "__main__":
+    main()
