@@ -31,6 +31,8 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/trace_overhead.py
 	$(BIN)/python bench/step.py
+	$(BIN)/python bench/trace_once.py
+	$(BIN)/python bench/spmd.py
 
 clean:
 	rm -rf $(VENV)
