@@ -32,6 +32,7 @@ from step import _interleaved_ms, _warm  # noqa: E402
 
 import lazyxla  # noqa: E402
 from lazyxla._src import graph  # noqa: E402
+from lazyxla._src.tensor import read, state  # noqa: E402
 from lazyxla.demo import CONFIG as DECODER_CONFIG  # noqa: E402
 from lazyxla.demo import copy_batch  # noqa: E402
 from lazyxla.models import MLP, Decoder  # noqa: E402
@@ -70,26 +71,29 @@ def _step_fn(spec: dict, device: str | torch.device, compile_backend: str | None
     torch.manual_seed(0)
     model = spec["make"]().to(device)
     batch = tuple(t.to(device) for t in spec["batch"])
-    fwd = model
-    if compile_backend is not None:
-        fwd = torch.compile(model, backend=compile_backend, options=options)
+
+    def run(*b: torch.Tensor) -> torch.Tensor:
+        return spec["loss"](model, *b)
+
+    if compile_backend is not None:  # the whole loss computation, not just `forward`
+        run = torch.compile(run, backend=compile_backend, options=options)
     lazy = device != "cpu"
     if not spec["train"]:
         model.eval()
 
         def infer() -> None:
             with torch.no_grad():
-                out = spec["loss"](fwd, *batch)
-            if lazy:
-                lazyxla.sync(wait=True)
-            return out
+                out = run(*batch)
+            if lazy:  # wait for this output (trace-once may have dispatched it already)
+                graph.sync_states([state(out)], wait=True)
+                jax.block_until_ready(read(state(out))[0].data)
 
         return infer
     opt = spec["opt"](model.parameters())
 
     def step() -> None:
         opt.zero_grad()
-        loss = spec["loss"](fwd, *batch)
+        loss = run(*batch)
         loss.backward()
         opt.step()
         if lazy:
@@ -104,20 +108,24 @@ def _lazy_limit(spec: dict) -> Callable[[], None]:
     dev = lazyxla.device()
     model = spec["make"]().to(dev)
     batch = tuple(t.to(dev) for t in spec["batch"])
-    fwd = torch.compile(model, backend="lazyxla", options={"sync": False})
+    run = torch.compile(
+        lambda *b: spec["loss"](model, *b), backend="lazyxla", options={"sync": False}
+    )
+    keep: list[torch.Tensor] = []  # the output stays alive, so it is a root of the graph
     if spec["train"]:
         opt = spec["opt"](model.parameters())
 
         def record() -> None:
             opt.zero_grad()
-            spec["loss"](fwd, *batch).backward()
+            run(*batch).backward()
             opt.step()
     else:
         model.eval()
 
         def record() -> None:
+            keep.clear()
             with torch.no_grad():
-                spec["loss"](fwd, *batch)
+                keep.append(run(*batch))
 
     for _ in range(3):
         record()

@@ -97,9 +97,9 @@ def bind(specs: list[ArgSpec], args: tuple, kwargs: dict) -> list[Any]:
 
 def _sig(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype, v.device.type)
+        return (v.shape, v.dtype, v.is_cpu)  # torch.Size hashes like a tuple
     if isinstance(v, (list, tuple)):
-        return tuple(_sig(x) for x in v)
+        return tuple(map(_sig, v))
     if isinstance(v, float):
         return (float,)  # a scalar's value never changes a shape; its type changes a dtype
     if isinstance(v, torch.Generator):
@@ -130,6 +130,7 @@ def _meta_specs(out: Any) -> Any:
 
 
 _META_CACHE: dict[tuple, Any] = {}
+_MISS = object()
 
 
 def _all_meta(v: Any) -> Any:
@@ -169,9 +170,9 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
         op,
         *[v if a.kind == STATIC and type(v) is float else _sig(v) for a, v in zip(specs, vals)],
     )
-    hit = _META_CACHE.get(key)
-    if hit is not None:
-        return hit
+    hit = _META_CACHE.get(key, _MISS)
+    if hit is not _MISS:
+        return hit  # may be None: in-place foreach ops return nothing
     args, kwargs = [], {}
     for s, v in zip(specs, vals):
         if s.kwarg_only:
@@ -422,6 +423,22 @@ def _write_result(target: torch.Tensor, result: torch.Tensor) -> None:
     write(ts, cast_value(read(state(result)), ts.spec))
 
 
+def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> bool:
+    """Whether each functional result can be written into its target as PyTorch allows."""
+    results = out_struct if len(writes) > 1 else (out_struct,)
+    for i, res in zip(writes, results):
+        targets = vals[i] if specs[i].is_list_write else (vals[i],)
+        res = res if specs[i].is_list_write else (res,)
+        if isinstance(res, TensorSpec):
+            res = (res,)
+        for t, r in zip(targets, res):
+            if t is None or r is None:
+                continue
+            if tuple(t.shape) != r.shape or not torch.can_cast(r.dtype, t.dtype):
+                return False
+    return True
+
+
 def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
     """`add_` from `add`: compute functionally, then write each mutated argument."""
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
@@ -434,11 +451,10 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
-        try:
-            infer(op, specs, vals)  # PyTorch's own checks (broadcast into self, dtype casts)
-        except NotImplementedError:
-            pass  # no meta kernel for the in-place op (_fused_sgd_): the functional one decides
         out_struct = infer(functional, fspecs, vals, lw)
+        if not _fits(out_struct, vals, specs, writes):
+            # PyTorch's own error (a broadcast into self, a float result into an int tensor).
+            infer(op, specs, vals)
         _, out = record(name, lw, fspecs, vals, out_struct)
         if len(writes) == 1 and not specs[writes[0]].is_list_write:
             _write_result(vals[writes[0]], out if isinstance(out, torch.Tensor) else out[0])
