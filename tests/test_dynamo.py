@@ -146,3 +146,36 @@ def test_lazy_mode_leaves_outputs_pending():
     out = f(x.to(dev))
     assert state(out).is_pending
     torch.testing.assert_close(out.cpu(), x.cos() + 1)
+
+
+def test_compile_trace_once_skips_retracing():
+    torch.manual_seed(0)
+    ref = _mlp()
+    model = copy.deepcopy(ref).to(dev)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def make_step(m, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            return loss
+
+        return step
+
+    step_ref = make_step(ref, opt_ref)
+    step = lazyxla.compile(make_step(model, opt), trace_once=True)
+    g = torch.Generator().manual_seed(0)
+    for i in range(6):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        if i == 3:
+            met.clear_all()
+        loss = step(x.to(dev), y.to(dev))
+        assert loss.item() == pytest.approx(step_ref(x, y).item(), rel=1e-5)
+    assert met.counter_value("UncachedCompile") is None
+    assert met.counter_value("xla::addmm") is None  # the model's ops were not traced again
+    with pytest.raises(TypeError, match="decorator"):
+        with lazyxla.compile(trace_once=True):
+            pass

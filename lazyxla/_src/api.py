@@ -116,7 +116,14 @@ class GraphSummary:
 class _Compile(contextlib.ContextDecorator):
     """The object `compile()` returns: a context manager that is also a decorator."""
 
-    def __init__(self, name: str | None, full_graph: bool, max_different_graphs: int | None):
+    def __init__(
+        self,
+        name: str | None,
+        full_graph: bool,
+        max_different_graphs: int | None,
+        trace_once: bool = False,
+    ):
+        self.trace_once = trace_once
         self.name = name
         self.full_graph = full_graph
         self.max_different_graphs = max_different_graphs
@@ -126,7 +133,12 @@ class _Compile(contextlib.ContextDecorator):
     def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
         if self.name is None:
             self.name = getattr(f, "__name__", None) or str(f)
-        return functools.wraps(f)(super().__call__(f))
+        body = f
+        if self.trace_once:  # See Note [Trace once]: dynamo's guards decide when to retrace
+            import torch
+
+            body = torch.compile(f, backend="lazyxla", options={"sync": False})
+        return functools.wraps(f)(super().__call__(body))
 
     def __enter__(self) -> _Compile:
         sync()  # pending work from before the region is not part of the compiled graph
@@ -165,6 +177,7 @@ def compile(
     full_graph: bool = False,
     name: str | None = None,
     max_different_graphs: int | None = None,
+    trace_once: bool = False,
 ) -> Any:
     """Trace `f` (or a `with` block) into one graph, as `torch_xla.compile`.
 
@@ -180,6 +193,16 @@ def compile(
         max_different_graphs: raise a `RuntimeError`, naming what changed, once the region has
             produced more distinct graphs than this (a shape that changes every step recompiles
             every step).
+        trace_once: skip Python tracing after the first call (lazyxla's extension, for
+            functions only). `f` runs under `torch.compile(backend="lazyxla")`: dynamo's guards
+            check every input, parameter and piece of Python state the step reads (shapes,
+            dtypes, devices, attribute values, globals), and only a failed guard retraces;
+            each FX graph is replayed as one node of the step's graph, still synced once on
+            exit. What it assumes is what torch.compile assumes: the step's Python side
+            effects are ones dynamo can see (no data-dependent Python control flow on tensor
+            values without a graph break; `.item()` or `print` inside break the graph and
+            those parts run normally). `loss.backward()` is a graph break: the backward graph
+            is still traced once, through AOTAutograd.
 
     Returns:
         The wrapped function, or the context manager / decorator if `f` is None.
@@ -189,8 +212,26 @@ def compile(
         ... def train_step(x, y):
         ...     loss = loss_fn(model(x), y); loss.backward(); opt.step(); return loss
     """
-    c = _Compile(name, full_graph, max_different_graphs)
+    c = _Compile(name, full_graph, max_different_graphs, trace_once)
+    if f is None and trace_once:
+        return _TraceOnceDecorator(c)
     return c if f is None else c(f)
+
+
+class _TraceOnceDecorator:
+    """`@lazyxla.compile(trace_once=True)`: only a decorator (a `with` block has no frame)."""
+
+    def __init__(self, c: _Compile) -> None:
+        self._c = c
+
+    def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        return self._c(f)
+
+    def __enter__(self) -> None:
+        raise TypeError("trace_once=True compiles a function: use it as a decorator or wrapper")
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 def launch(

@@ -34,6 +34,18 @@ from .tensor import DEVICE_TYPE, new_tensor, read, state, write
 GRAPH_INPUT = "xla::graph_input"
 
 
+def _skip_lazyxla_frames() -> None:
+    """Dynamo must run lazyxla's own code, never trace it: after a graph break (`backward()`),
+    autograd calls our PrivateUse1 kernels, and dynamo would otherwise compile those frames and
+    guard on our metrics counters. Registered when this backend is first looked up."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.add("lazyxla._src")
+
+
+_skip_lazyxla_frames()
+
+
 def _input_rule(*_: Any) -> Any:
     raise RuntimeError("internal: a graph_input placeholder reached a lowering")
 
