@@ -179,3 +179,32 @@ def test_compile_trace_once_skips_retracing():
     with pytest.raises(TypeError, match="decorator"):
         with lazyxla.compile(trace_once=True):
             pass
+
+
+def test_ops_without_lowering_are_partitioned_out():
+    lib = torch.library.Library("lazyxla_dyn_test", "DEF")
+    lib.define("cpu_only(Tensor x) -> Tensor")
+    lib.impl("cpu_only", lambda x: x.flip(0) * 3, "CPU")
+    lib.impl("cpu_only", lambda x: torch.empty_like(x), "Meta")
+
+    def f(x):
+        return (torch.ops.lazyxla_dyn_test.cpu_only(x.sin() + 1) * 2).cos()
+
+    cf = torch.compile(f, backend="lazyxla")
+    x = torch.randn(5)
+    cf(x.to(dev)).cpu()
+    for _ in range(2):
+        met.clear_all()
+        torch.testing.assert_close(cf(x.to(dev)).cpu(), f(x))
+        assert met.counter_value("aten::cpu_only") == 1  # on the CPU, between partitions
+        assert met.counter_value("xla::sin") is None  # the partitions replay
+        assert met.counter_value("UncachedCompile") is None
+
+
+def test_explain_shows_no_graph_breaks_for_the_decoder():
+    torch.manual_seed(0)
+    model = Decoder(_DECODER).to(dev)
+    tokens = torch.randint(0, 32, (2, 8)).to(dev)
+    explanation = torch._dynamo.explain(lambda t: model.loss(t, t))(tokens)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import graph, metrics, random_state
+from . import fallback, graph, metrics, random_state
 from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec, intern_desc, post_order, scalar
 from .lower import Program
 from .tensor import DEVICE_TYPE, new_tensor, read, state, write
@@ -73,8 +73,12 @@ class Trace:
                 fake_args.append(new_tensor((node, 0), spec))
             else:
                 fake_args.append(a)
-        with torch.no_grad():
-            outs = gm(*fake_args)
+        fallback.tracing_graph = True
+        try:
+            with torch.no_grad():
+                outs = gm(*fake_args)
+        finally:
+            fallback.tracing_graph = False
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         # Outputs: tensors computed by the graph, or inputs passed straight through.
         roots: list[tuple[Node, int]] = []
@@ -165,12 +169,18 @@ class Trace:
 
 
 class CompiledGraph:
-    """An FX graph's traces by input signature; calling it replays (tracing on a new signature)."""
+    """An FX graph's traces by input signature; calling it replays (tracing on a new signature).
+
+    A graph holding an op with no lowering is split (as torch_xla's bridge does): the op's nodes
+    run through the CPU fallback, counted as `aten::<op>`, between partitions that are each traced
+    once and replayed.
+    """
 
     def __init__(self, gm: torch.fx.GraphModule, sync: bool = True) -> None:
         self.gm = gm
         self.sync = sync
         self.traces: dict[tuple, Trace] = {}
+        self.partitioned: torch.fx.GraphModule | None = None
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
@@ -184,13 +194,71 @@ class CompiledGraph:
         return tuple(sig)
 
     def __call__(self, *args: Any) -> Any:
+        if self.partitioned is not None:
+            out = self.partitioned(*args)
+            return list(out) if isinstance(out, (list, tuple)) else [out]
         args = list(args)
         key = self.signature(args)
         tr = self.traces.get(key)
         if tr is None:
             metrics.counter_inc("DynamoExtractCompiledGraph")
-            tr = self.traces[key] = Trace(self.gm, args)
+            try:
+                tr = self.traces[key] = Trace(self.gm, args)
+            except fallback.FallbackWhileTracing as e:
+                self.partitioned = partition_for_cpu_fallback(self.gm, {e.op}, self.sync)
+                return self(*args)
         return tr.replay(args, self.sync)
+
+
+def _has_lowering(op: Any) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "PrivateUse1"
+    )
+
+
+def partition_for_cpu_fallback(
+    gm: torch.fx.GraphModule, unsupported: set, sync: bool = True
+) -> torch.fx.GraphModule:
+    """`gm` with every run of supported nodes fused into a trace-once submodule; the others
+    (`unsupported`, and ops lazyxla has no kernel for) stay as calls through the CPU fallback."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupport
+
+    class Support(OperatorSupport):
+        def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+            if node.op != "call_function":
+                return False
+            t = node.target
+            if t in unsupported:
+                return False
+            if isinstance(t, torch._ops.OpOverload) and not _has_lowering(t):
+                return torch._C._dispatch_has_kernel_for_dispatch_key(
+                    t.name(), "CompositeExplicitAutograd"
+                )
+            return True
+
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+    for name, sub in list(fused.named_children()):
+        if name.startswith("fused_"):
+            compiled = CompiledGraph(sub, sync=sync)
+            setattr(fused, name, _Replayed(compiled))
+    fused.recompile()
+    return fused
+
+
+class _Replayed(torch.nn.Module):
+    """A fused partition as a module: calls its CompiledGraph, returns what the FX call expects."""
+
+    def __init__(self, compiled: CompiledGraph) -> None:
+        super().__init__()
+        self.compiled = compiled
+        out = [n for n in compiled.gm.graph.nodes if n.op == "output"][0]
+        self.tuple_out = isinstance(out.args[0], (tuple, list))
+
+    def forward(self, *args: Any) -> Any:
+        out = self.compiled(*args)
+        return tuple(out) if self.tuple_out else out[0]
 
 
 def extract_compiled_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

@@ -53,8 +53,22 @@ def _to_device(v: Any) -> Any:
     return v
 
 
+class FallbackWhileTracing(Exception):
+    """An op without a lowering inside a graph being traced once (see dynamo.py): the graph is
+    partitioned around it instead of running it on placeholder values."""
+
+    def __init__(self, op: OpOverload) -> None:
+        super().__init__(str(op))
+        self.op = op
+
+
+tracing_graph = False  # set by the trace-once backend while it traces an FX graph
+
+
 def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
     name = op._schema.name.split("::", 1)[-1]
+    if tracing_graph:
+        raise FallbackWhileTracing(op)
     if not FLAGS.cpu_fallback:
         src = _user_frame()
         raise NoLoweringError(
