@@ -76,6 +76,8 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 
 @lowering(aten.index_select.default)
 def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
     return jnp.take(x, index, axis=_d(dim, x.ndim) if x.ndim else None)
 
 
@@ -83,7 +85,10 @@ def index_select(x, dim, index):
 def gather(x, dim, index, sparse_grad=False):
     if x.ndim == 0:
         return x.reshape(index.shape)
-    return jnp.take_along_axis(x, index, axis=_d(dim, x.ndim))
+    d = _d(dim, x.ndim)
+    # PyTorch allows index.size(i) <= x.size(i) for i != dim: only that corner is read.
+    x = x[tuple(slice(None) if i == d else slice(0, s) for i, s in enumerate(index.shape))]
+    return jnp.take_along_axis(x, index, axis=d)
 
 
 def _scatter_idx(x, dim, index):
@@ -169,18 +174,18 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
 
 @lowering(aten.index_add.default)
 def index_add(x, dim, index, source, alpha=1):
-    dim = _d(dim, x.ndim) if x.ndim else 0
+    if x.ndim == 0:
+        return x + (jnp.sum(source) * alpha).astype(x.dtype)
     idx = [slice(None)] * x.ndim
-    idx[dim] = index
-    return (
-        x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
-        if x.ndim
-        else x + jnp.sum(source) * alpha
-    )
+    idx[_d(dim, x.ndim)] = index
+    src = source.reshape(x.shape[:0] + source.shape) if source.ndim else source
+    return x.at[tuple(idx)].add((src * alpha).astype(x.dtype))
 
 
 @lowering(aten.index_copy.default)
 def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(()).astype(x.dtype)
     dim = _d(dim, x.ndim)
     idx = [slice(None)] * x.ndim
     idx[dim] = index
@@ -195,3 +200,60 @@ def index_fill(x, dim, index, value):
     idx = [slice(None)] * x.ndim
     idx[dim] = index
     return x.at[tuple(idx)].set(jnp.asarray(value, x.dtype))
+
+
+@lowering(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    if x.ndim == 0:
+        x, source, dim = x.reshape(1), source.reshape(1), 0
+        return index_reduce(x, dim, index.reshape(1), source, reduce, include_self=include_self)[0]
+    d = _d(dim, x.ndim)
+    xm, sm = jnp.moveaxis(x, d, 0), jnp.moveaxis(source.astype(x.dtype), d, 0)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    if reduce in ("prod", "mean"):
+        init = 1 if reduce == "prod" else 0
+    elif reduce == "amax":
+        init = -jnp.inf if floating else jnp.iinfo(x.dtype).min
+    else:
+        init = jnp.inf if floating else jnp.iinfo(x.dtype).max
+    base = xm if include_self else xm.at[index].set(jnp.asarray(init, x.dtype))
+    ref = base.at[index]
+    if reduce == "prod":
+        out = ref.multiply(sm)
+    elif reduce == "amax":
+        out = ref.max(sm)
+    elif reduce == "amin":
+        out = ref.min(sm)
+    else:
+        s = ref.add(sm)
+        cnt = jnp.zeros(xm.shape[:1], x.dtype).at[index].add(1) + (1 if include_self else 0)
+        cnt = jnp.maximum(cnt, 1).reshape((-1,) + (1,) * (xm.ndim - 1))
+        out = s / cnt if floating else jnp.floor_divide(s, cnt)
+    return jnp.moveaxis(out, 0, d)
+
+
+@lowering(aten.put.default)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    i = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    out = flat.at[i].add(src) if accumulate else flat.at[i].set(src)
+    return out.reshape(x.shape)
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    xb, mb = jnp.broadcast_to(x, shape).reshape(-1), jnp.broadcast_to(mask, shape).reshape(-1)
+    # the k-th masked position takes source.flatten()[k]
+    pos = jnp.cumsum(mb.astype(jnp.int64)) - 1
+    src = source.reshape(-1).astype(x.dtype)
+    taken = src[jnp.clip(pos, 0, max(src.shape[0] - 1, 0))] if src.shape[0] else xb
+    return jnp.where(mb, taken, xb).reshape(shape)
+
+
+@lowering(aten._efficientzerotensor.default)
+def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    from ..runtime import jnp_dtype
+
+    return jnp.zeros(size, jnp_dtype(dtype) if dtype is not None else jnp.float32)

@@ -505,3 +505,7 @@ def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask
     red = tuple(range(x.ndim - len(normalized_shape)))
     gw = jnp.sum(g * xhat, axis=red) if weight is not None and output_mask[1] else None
     return _present((gx.astype(x.dtype) if output_mask[0] else None), gw)
+
+
+# Long-tail families (ops/__init__.py imports this module; importing these registers them).
+from . import linalg_extra, math_extra, pooling  # noqa: E402,F401

@@ -1,0 +1,730 @@
+"""The long tail of math: special functions, integer math, scans, order statistics, losses."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jss
+import numpy as np
+import torch
+from jax import lax
+
+from ..runtime import jnp_dtype
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def _f(x):
+    """Reduced-precision floats computed in float32 (PyTorch's opmath); ints promoted to float."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x.astype(jnp.float32)
+    return x
+
+
+def _d(dim, n):
+    return dim + n if dim < 0 else dim
+
+
+def _ax(x, dim):
+    return _d(dim, x.ndim) if x.ndim else 0
+
+
+def _dims(x, dim):
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return None
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(_d(d, x.ndim) for d in dim) if x.ndim else None
+
+
+# --- elementwise ----------------------------------------------------------------------------------
+
+
+@lowering(aten.polygamma.default)
+def polygamma(n, x):
+    x = _f(x)
+    if n == 0:
+        return jss.digamma(x)
+    return jss.polygamma(n, x)
+
+
+@lowering(aten.round.decimals)
+def round_decimals(x, *, decimals):
+    return jnp.round(_f(x), decimals)
+
+
+@lowering(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(x):
+    return jax.nn.log_sigmoid(_f(x)), jnp.zeros((0,), x.dtype)
+
+
+@lowering(aten.log_sigmoid_backward.default)
+def log_sigmoid_backward(grad, x, buffer):
+    return _f(grad) * jax.nn.sigmoid(-_f(x))
+
+
+@lowering(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x)
+
+
+@lowering(aten.logaddexp.default)
+def logaddexp(x, y):
+    return jnp.logaddexp(_f(x), _f(y))
+
+
+@lowering(aten.logaddexp2.default)
+def logaddexp2(x, y):
+    return jnp.logaddexp2(_f(x), _f(y))
+
+
+@lowering(aten.sinc.default)
+def sinc(x):
+    return jnp.sinc(_f(x))
+
+
+@lowering(aten.heaviside.default)
+def heaviside(x, values):
+    return jnp.where(x == 0, values.astype(x.dtype), (x > 0).astype(x.dtype))
+
+
+@lowering(aten.gcd.default)
+def gcd(x, y):
+    return jnp.gcd(x, y)
+
+
+@lowering(aten.lcm.default)
+def lcm(x, y):
+    return jnp.lcm(x, y)
+
+
+def _shift_dtype(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = jnp.result_type(x, y) if x.ndim else x.dtype
+    return x.astype(dt), y.astype(dt)
+
+
+@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar)
+def bitwise_left_shift(x, y):
+    x, y = _shift_dtype(x, y)
+    bits = x.dtype.itemsize * 8
+    return jnp.where((y >= bits) | (y < 0), jnp.zeros_like(x), jnp.left_shift(x, y))
+
+
+@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)
+def bitwise_right_shift(x, y):
+    x, y = _shift_dtype(x, y)
+    bits = x.dtype.itemsize * 8
+    big = (y >= bits) | (y < 0)
+    sat = (
+        jnp.where(x < 0, -1, 0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.signedinteger) else 0
+    )
+    return jnp.where(big, sat, jnp.right_shift(x, jnp.where(big, 0, y)))
+
+
+@lowering(aten.frexp.Tensor)
+def frexp(x):
+    m, e = jnp.frexp(x)
+    return m, e.astype(jnp.int32)
+
+
+@lowering(aten.igamma.default)
+def igamma(a, x):
+    return jss.gammainc(_f(a), _f(x))
+
+
+@lowering(aten.igammac.default)
+def igammac(a, x):
+    return jss.gammaincc(_f(a), _f(x))
+
+
+@lowering(aten.hardshrink.default)
+def hardshrink(x, lambd=0.5):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(x), x)
+
+
+@lowering(aten.hardshrink_backward.default)
+def hardshrink_backward(grad, x, lambd):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.softshrink.default)
+def softshrink(x, lambd=0.5):
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+
+
+@lowering(aten.softshrink_backward.default)
+def softshrink_backward(grad, x, lambd):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad, x):
+    return jnp.where((x > -3) & (x < 3), grad / 6, jnp.zeros_like(grad))
+
+
+@lowering(aten.hardswish_backward.default)
+def hardswish_backward(grad, x):
+    mid = grad * (x / 3 + 0.5)
+    return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, mid, grad))
+
+
+@lowering(aten.logit_backward.default)
+def logit_backward(grad, x, eps=None):
+    g = grad / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, g)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), g)
+
+
+@lowering(aten.angle.default)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    x = _f(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+
+
+@lowering(aten.special_i0e.default)
+def special_i0e(x):
+    return jss.i0e(_f(x))
+
+
+@lowering(aten.special_i1.default)
+def special_i1(x):
+    return jss.i1(_f(x))
+
+
+@lowering(aten.special_i1e.default)
+def special_i1e(x):
+    return jss.i1e(_f(x))
+
+
+@lowering(aten.special_ndtri.default)
+def special_ndtri(x):
+    return jss.ndtri(_f(x))
+
+
+@lowering(aten.special_log_ndtr.default)
+def special_log_ndtr(x):
+    return jss.log_ndtr(_f(x))
+
+
+@lowering(aten.special_erfcx.default)
+def special_erfcx(x):
+    x = _f(x)
+    # erfcx(x) = exp(x^2) erfc(x); for large x use the asymptotic-stable form via log_ndtr.
+    big = x > 5
+    xs = jnp.where(big, 0.0, x)
+    small = jnp.exp(xs * xs) * jss.erfc(xs)
+    xb = jnp.where(big, x, 6.0)
+    z = 1.0 / (xb * xb)
+    series = (1 - 0.5 * z + 0.75 * z * z - 1.875 * z**3 + 6.5625 * z**4) / (xb * np.sqrt(np.pi))
+    return jnp.where(big, series, small)
+
+
+@lowering(aten.special_xlog1py.default)
+def special_xlog1py(x, y):
+    return jss.xlog1py(_f(x), _f(y))
+
+
+@lowering(aten.special_entr.default)
+def special_entr(x):
+    x = _f(x)
+    return jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf))
+
+
+@lowering(aten.special_zeta.default)
+def special_zeta(x, q):
+    return jss.zeta(_f(x), _f(q))
+
+
+@lowering(aten.mvlgamma.default)
+def mvlgamma(x, p):
+    x = _f(x)
+    out = p * (p - 1) / 4 * np.log(np.pi)
+    for j in range(p):
+        out = out + jss.gammaln(x - j / 2)
+    return out
+
+
+@lowering(aten.polar.default)
+def polar(r, theta):
+    return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta))
+
+
+@lowering(aten.complex.default)
+def complex_(re, im):
+    return lax.complex(re, im)
+
+
+@lowering(aten.trace.default)
+def trace(x):
+    acc = x.astype(jnp.int64) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
+    return jnp.trace(acc)
+
+
+@lowering(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    d = _ax(x, dim)
+    axes = tuple(i for i in range(x.ndim) if i != d)
+    xf = _f(x)
+    norm = jnp.sum(jnp.abs(xf) ** p, axis=axes, keepdims=True) ** (1.0 / p)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)
+    return xf * factor
+
+
+@lowering(aten.addmv.default)
+def addmv(bias, mat, vec, *, beta=1, alpha=1):
+    out = jnp.matmul(mat, vec, precision=lax.Precision.HIGHEST) * alpha
+    if type(beta) in (int, float) and beta == 0:
+        return out
+    return out + bias * beta
+
+
+@lowering(aten.glu.default)
+def glu(x, dim=-1):
+    a, b = jnp.split(x, 2, axis=_ax(x, dim))
+    return a * jax.nn.sigmoid(_f(b)).astype(x.dtype)
+
+
+@lowering(aten.glu_backward.default)
+def glu_backward(grad, x, dim):
+    return jax.vjp(lambda v: glu(v, dim), x)[1](grad)[0]
+
+
+@lowering(aten._prelu_kernel.default)
+def prelu(x, weight):
+    w = weight.reshape((1, -1) + (1,) * (x.ndim - 2)) if x.ndim >= 2 and weight.size > 1 else weight
+    return jnp.where(x > 0, x, w * x)
+
+
+@lowering(aten._prelu_kernel_backward.default)
+def prelu_backward(grad, x, weight):
+    _, vjp = jax.vjp(prelu, x, weight)
+    return vjp(grad)
+
+
+# --- reductions, scans, order statistics ---------------------------------------------------------
+
+
+def _acc(x, dtype):
+    if dtype is not None:
+        return x.astype(jnp_dtype(dtype))
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(jnp.int64)
+    return x
+
+
+@lowering(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, dtype=None):
+    return jnp.nansum(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    d = _dims(x, dim)
+    c = 1 if correction is None else correction
+    return jnp.std(x, axis=d, ddof=c, keepdims=keepdim), jnp.mean(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    if dim is None:
+        if keepdim:
+            shape = (1,) * x.ndim
+            return jnp.min(x).reshape(shape), jnp.max(x).reshape(shape)
+        return jnp.min(x), jnp.max(x)
+    d = _ax(x, dim)
+    return jnp.min(x, axis=d, keepdims=keepdim), jnp.max(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim):
+    return jnp.sum(x != 0, axis=_dims(x, dim), dtype=jnp.int64)
+
+
+@lowering(aten.count_nonzero.default)
+def count_nonzero_opt(x, dim=None):
+    axis = None if dim is None or x.ndim == 0 else _ax(x, dim)
+    return jnp.sum(x != 0, axis=axis, dtype=jnp.int64)
+
+
+def _cum_extreme(x, dim, better):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _ax(x, dim)
+    idx = jnp.broadcast_to(
+        jnp.arange(x.shape[d], dtype=jnp.int64).reshape((-1,) + (1,) * (x.ndim - d - 1)), x.shape
+    )
+
+    def comb(a, b):
+        av, ai = a
+        bv, bi = b
+        # PyTorch takes the later index on ties (>=) and lets NaN win and stick.
+        take_b = (
+            better(bv, av) | (bv == av) | jnp.isnan(bv)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else better(bv, av) | (bv == av)
+        )
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            take_b = take_b & ~(jnp.isnan(av) & ~jnp.isnan(bv))
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    return lax.associative_scan(comb, (x, idx), axis=d)
+
+
+@lowering(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, jnp.greater)
+
+
+@lowering(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, jnp.less)
+
+
+@lowering(aten._logcumsumexp.default, aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    return lax.cumlogsumexp(x, axis=_ax(x, dim))
+
+
+def _sorted_along(x, d):
+    """Values sorted ascending with NaN last, and the stable sort indices."""
+    idx = jnp.argsort(x, axis=d, stable=True)
+    return jnp.take_along_axis(x, idx, axis=d), idx
+
+
+@lowering(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _ax(x, dim)
+    v, i = _sorted_along(x, d)
+    v = lax.index_in_dim(v, k - 1, d, keepdims=keepdim)
+    i = lax.index_in_dim(i, k - 1, d, keepdims=keepdim)
+    return v, i
+
+
+def _median_dim(x, dim, keepdim, ignore_nan):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _ax(x, dim)
+    n = x.shape[d]
+    v, i = _sorted_along(x, d)
+    if ignore_nan and jnp.issubdtype(x.dtype, jnp.floating):
+        cnt = jnp.sum(~jnp.isnan(x), axis=d, keepdims=True)
+        pos = jnp.maximum((cnt - 1) // 2, 0)
+    else:
+        pos = jnp.full([1 if a == d else s for a, s in enumerate(x.shape)], (n - 1) // 2)
+        if jnp.issubdtype(x.dtype, jnp.floating):  # any NaN: the median is NaN (first NaN)
+            nan_any = jnp.any(jnp.isnan(x), axis=d, keepdims=True)
+            first_nan = jnp.sum(~jnp.isnan(x), axis=d, keepdims=True)
+            pos = jnp.where(nan_any, first_nan, pos)
+    val = jnp.take_along_axis(v, pos, axis=d)
+    ind = jnp.take_along_axis(i, pos, axis=d)
+    if not keepdim:
+        val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
+    return val, ind
+
+
+@lowering(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, False)
+
+
+@lowering(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, True)
+
+
+@lowering(aten.median.default)
+def median(x):
+    return _median_dim(x.reshape(-1), 0, False, False)[0]
+
+
+@lowering(aten.nanmedian.default)
+def nanmedian(x):
+    return _median_dim(x.reshape(-1), 0, False, True)[0]
+
+
+@lowering(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _ax(x, dim)
+    xm = jnp.moveaxis(x, d, -1)
+    # count of each element's value along the row; the most frequent, smallest value wins; its
+    # index is the last occurrence (as PyTorch's CPU kernel returns).
+    eq = xm[..., :, None] == xm[..., None, :]
+    cnt = jnp.sum(eq, axis=-1)
+    best = jnp.max(cnt, axis=-1, keepdims=True)
+    cand = jnp.where(
+        cnt == best,
+        xm,
+        jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max,
+    )
+    val = jnp.min(cand, axis=-1, keepdims=True)
+    n = xm.shape[-1]
+    pos = jnp.where(xm == val, jnp.arange(n), -1)
+    ind = jnp.max(pos, axis=-1, keepdims=True)
+    val, ind = jnp.moveaxis(val.astype(x.dtype), -1, d), jnp.moveaxis(ind, -1, d)
+    if not keepdim:
+        val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
+    return val, ind
+
+
+@lowering(aten.take.default)
+def take(x, index):
+    flat = x.reshape(-1)
+    i = jnp.where(index < 0, index + flat.shape[0], index)
+    return flat[i]
+
+
+@lowering(aten.bucketize.Tensor)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+
+
+@lowering(aten.bucketize.Scalar)
+def bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+
+
+@lowering(aten.searchsorted.Tensor)
+def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, x, side=side)
+    lead = seq.shape[:-1]
+    s2 = seq.reshape(-1, seq.shape[-1])
+    x2 = x.reshape(s2.shape[0], -1)
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(s2, x2)
+    return out.reshape(lead + x.shape[-1:])
+
+
+@lowering(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    xf = x.reshape(-1)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    auto = (lo == 0) & (hi == 0)
+    lo = jnp.where(auto, jnp.min(xf), lo)
+    hi = jnp.where(auto, jnp.max(xf), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    inside = (xf >= lo) & (xf <= hi)
+    pos = ((xf - lo) * bins / (hi - lo)).astype(jnp.int64)
+    pos = jnp.clip(pos, 0, bins - 1)
+    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
+
+
+@lowering(aten.logspace.default, static=("start", "end"))
+def logspace(
+    start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None
+):
+    dt = jnp_dtype(dtype if dtype is not None else torch.get_default_dtype())
+    if jnp.issubdtype(dt, jnp.integer):
+        exps = jnp.linspace(start, end, steps, dtype=jnp.float64)
+        return jnp.power(base, exps).astype(dt)
+    return jnp.logspace(start, end, steps, base=base, dtype=dt)
+
+
+def _tri_indices(row, col, offset, lower):
+    r, c = np.indices((row, col))
+    keep = (c - r <= offset) if lower else (c - r >= offset)
+    return np.stack([r[keep], c[keep]])
+
+
+@lowering(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(_tri_indices(row, col, offset, False), jnp.int64)
+
+
+@lowering(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(_tri_indices(row, col, offset, True), jnp.int64)
+
+
+@lowering(aten.isin.Tensor_Tensor)
+def isin(x, test, *, assume_unique=False, invert=False):
+    out = jnp.isin(x, test)
+    return ~out if invert else out
+
+
+@lowering(aten.isin.Tensor_Scalar)
+def isin_ts(x, test, *, assume_unique=False, invert=False):
+    out = x == test
+    return ~out if invert else out
+
+
+@lowering(aten.isin.Scalar_Tensor)
+def isin_st(x, test, *, assume_unique=False, invert=False):
+    out = jnp.any(test == x)
+    return ~out if invert else out
+
+
+# --- losses ---------------------------------------------------------------------------------------
+
+
+def _reduce(loss, reduction):
+    if reduction == 0:
+        return loss
+    return jnp.mean(loss) if reduction == 1 else jnp.sum(loss)
+
+
+@lowering(aten.smooth_l1_loss.default)
+def smooth_l1_loss(x, y, reduction=1, beta=1.0):
+    d = jnp.abs(x - y)
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+
+
+@lowering(aten.smooth_l1_loss_backward.default)
+def smooth_l1_loss_backward(grad, x, y, reduction, beta):
+    return jax.vjp(lambda v: smooth_l1_loss(v, y, reduction, beta), x)[1](grad)[0]
+
+
+@lowering(aten.huber_loss.default)
+def huber_loss(x, y, reduction=1, delta=1.0):
+    d = jnp.abs(x - y)
+    return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+@lowering(aten.huber_loss_backward.default)
+def huber_loss_backward(grad, x, y, reduction, delta):
+    return jax.vjp(lambda v: huber_loss(v, y, reduction, delta), x)[1](grad)[0]
+
+
+@lowering(aten.binary_cross_entropy.default)
+def binary_cross_entropy(x, y, weight=None, reduction=1):
+    lx = jnp.maximum(jnp.log(x), -100)
+    l1x = jnp.maximum(jnp.log1p(-x), -100)
+    loss = -(y * lx + (1 - y) * l1x)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@lowering(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad, x, y, weight=None, reduction=1):
+    eps = 1e-12
+    g = grad * (x - y) / jnp.maximum((1 - x) * x, eps)
+    if weight is not None:
+        g = g * weight
+    return g / x.size if reduction == 1 else g
+
+
+@lowering(aten.multi_margin_loss.default)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    t = target.reshape(-1)
+    xt = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = jnp.maximum(margin - xt + x2, 0)
+    if p == 2:
+        z = z * z
+    if weight is not None:
+        z = z * weight[t][:, None]
+    onehot = jnp.arange(x2.shape[1])[None, :] == t[:, None]
+    z = jnp.where(onehot, 0, z)
+    loss = jnp.sum(z, axis=1) / x2.shape[1]
+    if reduction == 0:
+        return loss.reshape(target.shape) if x.ndim > 1 else loss.reshape(())
+    return _reduce(loss, reduction)
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(x, target, reduction):
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    t2 = target.reshape(x2.shape)
+    c = x2.shape[1]
+    # targets are read up to the first -1
+    valid = jnp.cumprod(t2 >= 0, axis=1).astype(bool)
+    tt = jnp.where(valid, t2, 0)
+    is_target = jnp.zeros(x2.shape, x.dtype)
+    is_target = jax.vmap(lambda it, t, v: it.at[t].max(v.astype(x.dtype)))(is_target, tt, valid)
+    xt = jnp.take_along_axis(x2, tt, axis=1)  # (N, C) value at each listed target
+    z = jnp.maximum(1 - xt[:, :, None] + x2[:, None, :], 0)  # (N, T, C)
+    mask = valid[:, :, None] & (is_target[:, None, :] == 0)
+    loss = jnp.sum(jnp.where(mask, z, 0), axis=(1, 2)) / c
+    if reduction == 0:
+        loss = loss.reshape(x.shape[:-1]) if x.ndim > 1 else loss.reshape(())
+    else:
+        loss = _reduce(loss, reduction)
+    return loss, is_target.reshape(target.shape)
+
+
+# --- FFT (PyTorch's normalization codes: 0 none, 1 by 1/sqrt(n), 2 by 1/n) -----------------------
+
+
+def _fft_scale(y, n, normalization):
+    if normalization == 1:
+        return y / np.sqrt(n).astype(np.float32)
+    if normalization == 2:
+        return y / n
+    return y
+
+
+@lowering(aten._fft_r2c.default)
+def fft_r2c(x, dim, normalization, onesided):
+    axes = tuple(_d(d, x.ndim) for d in dim)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    y = jnp.fft.rfftn(x, axes=axes) if onesided else jnp.fft.fftn(x, axes=axes)
+    return _fft_scale(y, n, normalization)
+
+
+@lowering(aten._fft_c2c.default)
+def fft_c2c(x, dim, normalization, forward):
+    axes = tuple(_d(d, x.ndim) for d in dim)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    if not axes:
+        return x
+    y = jnp.fft.fftn(x, axes=axes) if forward else jnp.fft.ifftn(x, axes=axes) * n
+    return _fft_scale(y, n, normalization)
+
+
+@lowering(aten._fft_c2r.default)
+def fft_c2r(x, dim, normalization, last_dim_size):
+    axes = tuple(_d(d, x.ndim) for d in dim)
+    s = [x.shape[a] for a in axes[:-1]] + [last_dim_size]
+    n = int(np.prod(s))
+    y = jnp.fft.irfftn(x, s=s, axes=axes) * n
+    return _fft_scale(y, n, normalization)
+
+
+@lowering(aten.soft_margin_loss.default)
+def soft_margin_loss(x, y, reduction=1):
+    return _reduce(jnp.log1p(jnp.exp(-y * x)), reduction)
+
+
+@lowering(aten.soft_margin_loss_backward.default)
+def soft_margin_loss_backward(grad, x, y, reduction):
+    return jax.vjp(lambda v: soft_margin_loss(v, y, reduction), x)[1](grad)[0]
+
+
+@lowering(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype, static=("p",))
+def norm_dim(x, p=2, dim=(), keepdim=False, *, dtype=None):
+    from .reduction import vector_norm
+
+    return vector_norm(
+        _acc(x, dtype) if dtype is not None else x, 2 if p is None else p, dim, keepdim
+    )
+
+
+@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dtype, static=("p",))
+def norm_all(x, p=2, *, dtype=None):
+    from .reduction import vector_norm
+
+    return vector_norm(_acc(x, dtype) if dtype is not None else x, 2 if p is None else p)

@@ -1,0 +1,452 @@
+"""Adaptive and unpooling, upsampling/interpolation, reflection/replication padding, im2col/col2im,
+group norm.
+
+Interpolation follows PyTorch's index math (`area_pixel_compute_source_index` and the nearest
+rules in UpSample.h), not `jax.image.resize`, whose half-pixel and align-corners conventions differ.
+Backward ops are the VJP of the forward rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from .registry import lowering
+
+aten = torch.ops.aten
+_HI = lax.Precision.HIGHEST
+
+
+def _f(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+# --- adaptive pooling -----------------------------------------------------------------------------
+
+
+def _adaptive_bounds(n_in, n_out):
+    starts = [(i * n_in) // n_out for i in range(n_out)]
+    ends = [-(-((i + 1) * n_in) // n_out) for i in range(n_out)]
+    return starts, ends
+
+
+def _adaptive_avg(x, output_size):
+    nd = len(output_size)
+    out = _f(x)
+    for k in range(nd):
+        ax = x.ndim - nd + k
+        n_in, n_out = x.shape[ax], output_size[k]
+        s, e = _adaptive_bounds(n_in, n_out)
+        w = np.zeros((n_in, n_out), np.float64)
+        for o in range(n_out):
+            w[s[o] : e[o], o] = 1.0 / (e[o] - s[o])
+        out = jnp.moveaxis(
+            jnp.tensordot(jnp.moveaxis(out, ax, -1), w.astype(out.dtype), axes=1, precision=_HI),
+            -1,
+            ax,
+        )
+    return out
+
+
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(x, output_size):
+    return _adaptive_avg(x, output_size)
+
+
+def _adaptive_avg_backward(nd):
+    def rule(grad, x):
+        size = grad.shape[-nd:]
+        return jax.vjp(lambda v: _adaptive_avg(v, size), x)[1](_f(grad).astype(_f(x).dtype))[0]
+
+    return rule
+
+
+lowering(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_backward(2))
+lowering(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_backward(3))
+
+
+def _adaptive_max(x, output_size):
+    nd = len(output_size)
+    spatial = x.shape[-nd:]
+    # per dimension: (n_out, L) window positions and validity
+    idxs, valid = [], []
+    for n_in, n_out in zip(spatial, output_size):
+        s, e = _adaptive_bounds(n_in, n_out)
+        L = max(b - a for a, b in zip(s, e))
+        pos = np.array([[min(a + j, n_in - 1) for j in range(L)] for a in s])
+        ok = np.array([[a + j < b for j in range(L)] for a, b in zip(s, e)])
+        idxs.append(pos)
+        valid.append(ok)
+    flat = x.reshape(x.shape[:-nd] + (-1,))
+    # Build the flat gather index of shape out_1..out_nd, L_1..L_nd
+    strides = [int(np.prod(spatial[k + 1 :])) for k in range(nd)]
+    gidx = np.zeros(tuple(output_size) + tuple(p.shape[1] for p in idxs), np.int64)
+    gok = np.ones(gidx.shape, bool)
+    for k in range(nd):
+        shape = [1] * (2 * nd)
+        shape[k] = output_size[k]
+        shape[nd + k] = idxs[k].shape[1]
+        gidx = gidx + idxs[k].reshape(shape) * strides[k]
+        gok = gok & valid[k].reshape(shape)
+    win = int(np.prod(gidx.shape[nd:]))
+    gidx = gidx.reshape(tuple(output_size) + (win,))
+    gok = gok.reshape(gidx.shape)
+    vals = flat[..., gidx]  # lead + out + (win,)
+    neg = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    vals = jnp.where(gok, vals, neg)
+    isnan = jnp.isnan(vals) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros_like(gok)
+    # first NaN wins, otherwise the first maximum
+    has_nan = jnp.any(isnan, axis=-1, keepdims=True)
+    key = jnp.where(has_nan, isnan.astype(vals.dtype), vals)
+    arg = jnp.argmax(key, axis=-1)
+    out = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
+    ind = jnp.take_along_axis(jnp.broadcast_to(gidx, vals.shape), arg[..., None], axis=-1)[..., 0]
+    return out, ind.astype(jnp.int64)
+
+
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(x, output_size):
+    return _adaptive_max(x, output_size)
+
+
+def _adaptive_max_backward(nd):
+    def rule(grad, x, indices):
+        return _unpool_flat(grad, indices, x.shape[-nd:], add=True).reshape(x.shape)
+
+    return rule
+
+
+lowering(aten.adaptive_max_pool2d_backward.default)(_adaptive_max_backward(2))
+lowering(aten.adaptive_max_pool3d_backward.default)(_adaptive_max_backward(3))
+
+
+def _unpool_flat(v, indices, spatial, add=False):
+    nd = len(spatial)
+    lead = v.shape[: v.ndim - nd]
+    n = int(np.prod(spatial))
+    vf = v.reshape((-1, int(np.prod(v.shape[v.ndim - nd :]))))
+    idx = indices.reshape(vf.shape)
+    out = jnp.zeros((vf.shape[0], n), v.dtype)
+    if add:
+        out = jax.vmap(lambda o, i, s: o.at[i].add(s))(out, idx, vf)
+    else:
+        out = jax.vmap(lambda o, i, s: o.at[i].set(s))(out, idx, vf)
+    return out.reshape(lead + tuple(spatial))
+
+
+@lowering(aten.max_unpool2d.default)
+def max_unpool2d(x, indices, output_size):
+    return _unpool_flat(x, indices, tuple(output_size))
+
+
+@lowering(aten.max_unpool3d.default)
+def max_unpool3d(x, indices, output_size, stride, padding):
+    return _unpool_flat(x, indices, tuple(output_size))
+
+
+# --- upsampling -----------------------------------------------------------------------------------
+
+
+def _scale(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _nearest_index(n_in, n_out, scale, exact):
+    s = np.float32(_scale(n_in, n_out, False, scale))
+    i = np.arange(n_out, dtype=np.float32)
+    if exact:
+        src = np.floor((i + np.float32(0.5)) * s).astype(np.int64)
+    else:
+        src = np.floor(i * s).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def _nearest(x, output_size, scales, exact):
+    nd = len(output_size)
+    for k in range(nd):
+        ax = x.ndim - nd + k
+        idx = _nearest_index(x.shape[ax], output_size[k], scales[k], exact)
+        x = jnp.take(x, idx, axis=ax)
+    return x
+
+
+def _scales(scales, nd):
+    return list(scales) if scales else [None] * nd
+
+
+def _up_nearest(exact):
+    def rule(x, output_size, *scales):
+        return _nearest(x, output_size, _scales(scales, len(output_size)), exact)
+
+    return rule
+
+
+for _op in (aten.upsample_nearest1d.default, aten.upsample_nearest2d.default):
+    lowering(_op)(_up_nearest(False))
+lowering(aten.upsample_nearest3d.default)(_up_nearest(False))
+for _op in (
+    aten._upsample_nearest_exact1d.default,
+    aten._upsample_nearest_exact2d.default,
+    aten._upsample_nearest_exact3d.default,
+):
+    lowering(_op)(_up_nearest(True))
+
+
+def _up_nearest_backward(exact):
+    def rule(grad, output_size, input_size, *scales):
+        x0 = jnp.zeros(tuple(input_size), grad.dtype)
+        s = _scales(scales, len(output_size))
+        return jax.vjp(lambda v: _nearest(v, output_size, s, exact), x0)[1](grad)[0]
+
+    return rule
+
+
+for _op in (
+    aten.upsample_nearest1d_backward.default,
+    aten.upsample_nearest2d_backward.default,
+    aten.upsample_nearest3d_backward.default,
+):
+    lowering(_op)(_up_nearest_backward(False))
+for _op in (
+    aten._upsample_nearest_exact1d_backward.default,
+    aten._upsample_nearest_exact2d_backward.default,
+    aten._upsample_nearest_exact3d_backward.default,
+):
+    lowering(_op)(_up_nearest_backward(True))
+
+
+def _linear_axis(x, ax, n_out, align_corners, scale):
+    n_in = x.shape[ax]
+    s = np.float32(_scale(n_in, n_out, align_corners, scale))
+    i = np.arange(n_out, dtype=np.float32)
+    if align_corners:
+        src = i * s
+    else:
+        src = np.maximum((i + np.float32(0.5)) * s - np.float32(0.5), np.float32(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    lam = (src - i0).astype(np.float32)
+    shape = [1] * x.ndim
+    shape[ax] = n_out
+    lam = jnp.asarray(lam.reshape(shape), x.dtype)
+    return jnp.take(x, i0, axis=ax) * (1 - lam) + jnp.take(x, i1, axis=ax) * lam
+
+
+def _linear(x, output_size, align_corners, scales):
+    nd = len(output_size)
+    y = _f(x)
+    for k in range(nd):
+        y = _linear_axis(y, x.ndim - nd + k, output_size[k], align_corners, scales[k])
+    return y
+
+
+def _up_linear(x, output_size, align_corners, *scales):
+    return _linear(x, output_size, align_corners, _scales(scales, len(output_size)))
+
+
+for _op in (
+    aten.upsample_linear1d.default,
+    aten.upsample_bilinear2d.default,
+    aten.upsample_trilinear3d.default,
+):
+    lowering(_op)(_up_linear)
+
+
+@lowering(
+    aten.upsample_linear1d_backward.default,
+    aten.upsample_bilinear2d_backward.default,
+    aten.upsample_trilinear3d_backward.default,
+)
+def up_linear_backward(grad, output_size, input_size, align_corners, *scales):
+    x0 = jnp.zeros(tuple(input_size), _f(grad).dtype)
+    s = _scales(scales, len(output_size))
+    return jax.vjp(lambda v: _linear(v, output_size, align_corners, s), x0)[1](_f(grad))[0]
+
+
+def _cubic_axis(x, ax, n_out, align_corners, scale):
+    n_in = x.shape[ax]
+    s = np.float32(_scale(n_in, n_out, align_corners, scale))
+    i = np.arange(n_out, dtype=np.float32)
+    src = i * s if align_corners else (i + np.float32(0.5)) * s - np.float32(0.5)
+    fl = np.floor(src)
+    t = (src - fl).astype(np.float32)
+    fl = fl.astype(np.int64)
+    a = -0.75
+
+    def c1(u):  # |u| <= 1
+        return ((a + 2) * u - (a + 3)) * u * u + 1
+
+    def c2(u):  # 1 < |u| < 2
+        return ((a * u - 5 * a) * u + 8 * a) * u - 4 * a
+
+    ws = [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+    shape = [1] * x.ndim
+    shape[ax] = n_out
+    out = 0
+    for k in range(4):
+        idx = np.clip(fl - 1 + k, 0, n_in - 1)
+        out = out + jnp.take(x, idx, axis=ax) * jnp.asarray(
+            ws[k].astype(np.float32).reshape(shape), x.dtype
+        )
+    return out
+
+
+def _cubic(x, output_size, align_corners, scales):
+    y = _f(x)
+    for k in range(2):
+        y = _cubic_axis(y, x.ndim - 2 + k, output_size[k], align_corners, scales[k])
+    return y
+
+
+@lowering(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _cubic(x, output_size, align_corners, [scales_h, scales_w])
+
+
+@lowering(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(
+    grad, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+    x0 = jnp.zeros(tuple(input_size), _f(grad).dtype)
+    f = lambda v: _cubic(v, output_size, align_corners, [scales_h, scales_w])
+    return jax.vjp(f, x0)[1](_f(grad))[0]
+
+
+# --- padding --------------------------------------------------------------------------------------
+
+
+def _pad(x, padding, mode):
+    nd = len(padding) // 2
+    cfg = [(0, 0)] * x.ndim
+    for i in range(nd):
+        cfg[x.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
+    # negative padding crops
+    crop = tuple(
+        slice(-lo if lo < 0 else 0, x.shape[d] + hi if hi < 0 else None)
+        for d, (lo, hi) in enumerate(cfg)
+    )
+    x = x[crop]
+    cfg = [(max(lo, 0), max(hi, 0)) for lo, hi in cfg]
+    if x.size == 0:
+        return jnp.zeros(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, cfg)), x.dtype)
+    return jnp.pad(x, cfg, mode=mode)
+
+
+def _pad_rule(mode):
+    return lambda x, padding: _pad(x, padding, mode)
+
+
+def _pad_backward_rule(mode):
+    def rule(grad, x, padding):
+        return jax.vjp(lambda v: _pad(v, padding, mode), x)[1](grad)[0]
+
+    return rule
+
+
+for _ops, _mode in (
+    (("reflection_pad1d", "reflection_pad2d", "reflection_pad3d"), "reflect"),
+    (("replication_pad1d", "replication_pad2d", "replication_pad3d"), "edge"),
+):
+    for _name in _ops:
+        lowering(getattr(aten, _name).default)(_pad_rule(_mode))
+        lowering(getattr(aten, _name + "_backward").default)(_pad_backward_rule(_mode))
+
+
+# --- im2col / col2im ------------------------------------------------------------------------------
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    batched = x.ndim == 4
+    xb = x if batched else x[None]
+    if xb.size == 0:
+        oh, ow = (
+            (n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, p, d, k, s in zip(xb.shape[2:], padding, dilation, kernel_size, stride)
+        )
+        out = jnp.zeros((xb.shape[0], xb.shape[1] * math.prod(kernel_size), oh * ow), xb.dtype)
+        return out if batched else out[0]
+    p = lax.conv_general_dilated_patches(
+        _f(xb),
+        tuple(kernel_size),
+        tuple(stride),
+        [(p, p) for p in padding],
+        rhs_dilation=tuple(dilation),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        precision=_HI,
+    )
+    out = p.reshape(p.shape[0], p.shape[1], -1)
+    return out if batched else out[0]
+
+
+@lowering(aten.im2col.default)
+def im2col(x, kernel_size, dilation, padding, stride):
+    return _im2col(x, kernel_size, dilation, padding, stride)
+
+
+@lowering(aten.col2im.default)
+def col2im(cols, output_size, kernel_size, dilation, padding, stride):
+    batched = cols.ndim == 3
+    c = cols.shape[-2] // math.prod(kernel_size)
+    shape = ((cols.shape[0],) if batched else ()) + (c,) + tuple(output_size)
+    x0 = jnp.zeros(shape, _f(cols).dtype)
+    f = lambda v: _im2col(v, kernel_size, dilation, padding, stride)
+    return jax.vjp(f, x0)[1](_f(cols))[0]
+
+
+@lowering(aten.channel_shuffle.default, aten.native_channel_shuffle.default)
+def channel_shuffle(x, groups):
+    n, c = x.shape[:2]
+    rest = x.shape[2:]
+    y = x.reshape((n, groups, c // groups) + rest)
+    return jnp.swapaxes(y, 1, 2).reshape(x.shape)
+
+
+# --- group norm -----------------------------------------------------------------------------------
+
+
+def _group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xf = _f(x).reshape(n, group, -1)
+    mean = jnp.mean(xf, axis=-1)
+    var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = ((xf - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * _f(weight).reshape(bshape)
+    if bias is not None:
+        out = out + _f(bias).reshape(bshape)
+    return out.astype(x.dtype), mean, rstd
+
+
+@lowering(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    return _group_norm(x, weight, bias, n, c, hxw, group, eps)
+
+
+@lowering(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    xf, g = _f(x), _f(grad)
+    xg = xf.reshape(n, group, -1)
+    xhat = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    w = _f(weight).reshape(bshape) if weight is not None else 1.0
+    gxhat = (g * w).reshape(n, group, -1)
+    xh = xhat.reshape(n, group, -1)
+    m = xh.shape[-1]
+    gx = rstd[..., None] * (
+        gxhat - jnp.mean(gxhat, -1, keepdims=True) - xh * jnp.mean(gxhat * xh, -1, keepdims=True)
+    )
+    red = (0,) + tuple(range(2, x.ndim))
+    gw = jnp.sum(g * xhat, axis=red) if output_mask[1] else None
+    gb = jnp.sum(g, axis=red) if output_mask[2] else None
+    del m
+    return tuple(
+        o for o in (gx.reshape(x.shape) if output_mask[0] else None, gw, gb) if o is not None
+    )

@@ -1,0 +1,1 @@
+"""Developer tools (`python -m lazyxla.tools.op_coverage`)."""

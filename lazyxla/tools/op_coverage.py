@@ -1,0 +1,563 @@
+"""Op coverage against PyTorch's OpInfo database (`op_db`), and its report.
+
+Every `op_db` entry (an op and its variant) runs its sample inputs on eager CPU and on lazyxla; the
+values are compared (and float32 gradients, where the entry supports autograd). Each entry ends in
+one status:
+
+- ``lowered``: ran natively (no CPU fallback counter moved) and matched;
+- ``fallback``: matched, but some aten op ran through the CPU fallback (the ``aten::<op>`` counters
+  in ``lazyxla.debug.metrics``), named in the reason;
+- ``skipped``: listed in `SKIPS` with a written reason;
+- ``fails``: a mismatch, or lazyxla raised where eager CPU did not. A mismatch is never a fallback.
+
+The default sweep is the CI one: the first `DEFAULT_SAMPLES` samples of each entry, one dtype
+(float32 where supported). ``full=True`` (``make test-ops-full``) runs every sample in float32,
+bfloat16, int64 and bool where the entry supports them.
+
+    python -m lazyxla.tools.op_coverage            # table + totals, writes docs/op_coverage.md
+    python -m lazyxla.tools.op_coverage --full     # every sample and dtype (no file written)
+    python -m lazyxla.tools.op_coverage -k linalg  # a subset, no file written
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+import lazyxla
+from lazyxla._src import metrics
+
+DEFAULT_SAMPLES = 2
+DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "op_coverage.md")
+DEV = lazyxla.device()
+
+LOWERED, FALLBACK, SKIPPED, FAILS, NA = "lowered", "fallback", "skipped", "fails", "n/a"
+
+# --- entries the sweep does not run, each with its reason ----------------------------------------
+_CUDA = "CUDA-only op: no CPU samples"
+_SPARSE = "sparse layouts: lazyxla tensors are dense"
+SKIPS: dict[str, str] = {
+    **{
+        k: _CUDA
+        for k in (
+            "jiterator_unary",
+            "jiterator_binary",
+            "jiterator_binary_return_by_ref",
+            "jiterator_4inputs_with_extra_args",
+            "jiterator_2inputs_2outputs",
+            "torch._scaled_mm",
+            "torch._scaled_mm_v2",
+            "torch.ops.aten._flash_attention_forward",
+            "torch.ops.aten._efficient_attention_forward",
+            "nn.functional.batch_norm.without_cudnn",
+        )
+    },
+    **{k: _SPARSE for k in ("sparse.mm.reduce", "sparse.sampled_addmm", "to_sparse")},
+    "chalf": "complex32 (chalf) has no XLA dtype",
+    "hash_tensor": "uint64 output: torch has no uint64 arithmetic to compare with on the device",
+}
+
+# Gradient checks not run for an entry whose forward is checked.
+GRAD_SKIPS: dict[str, str] = {}
+
+# Entries whose values are not defined (uninitialized memory) or random: only shapes and dtypes are
+# compared (and that the op ran natively).
+_RANDOM = "random values (the device RNG is not PyTorch's CPU generator)"
+_EMPTY = "uninitialized memory"
+UNDEFINED_VALUES: dict[str, str] = {
+    **{
+        k: _RANDOM
+        for k in (
+            "bernoulli",
+            "cauchy",
+            "exponential",
+            "geometric",
+            "log_normal",
+            "multinomial",
+            "normal",
+            "normal.in_place",
+            "normal.number_mean",
+            "rand_like",
+            "randint",
+            "randint_like",
+            "randn",
+            "randn_like",
+            "uniform",
+            "nn.functional.dropout",
+            "nn.functional.dropout2d",
+            "nn.functional.dropout3d",
+            "nn.functional.alpha_dropout",
+            "nn.functional.feature_alpha_dropout.with_train",
+            "nn.functional.feature_alpha_dropout.without_train",
+            "nn.functional.rrelu",
+            "nn.functional.fractional_max_pool2d",
+            "nn.functional.fractional_max_pool3d",
+            "nn.functional.multi_head_attention_forward",
+            "nn.functional.scaled_dot_product_attention",
+            "svd_lowrank",
+            "pca_lowrank",
+        )
+    },
+    **{
+        k: _EMPTY
+        for k in (
+            "empty",
+            "empty_like",
+            "new_empty",
+            "new_empty_strided",
+            "empty_strided",
+            "empty_permuted",
+        )
+    },
+}
+
+# Arguments that must stay on the CPU (the op requires it).
+KEEP_CPU_ARGS = {"tensor_split"}
+
+# Per-entry tolerances looser than torch.testing.assert_close's float32 defaults, with the reason.
+TOLERANCES: dict[str, tuple[dict[str, float], str]] = {}
+
+# Tolerances by dtype (assert_close defaults for float32; reduced precision looser: XLA and eager
+# round intermediate values at different points).
+_DTYPE_TOL = {
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+}
+
+
+@dataclasses.dataclass
+class Result:
+    key: str
+    status: str
+    reason: str = ""
+    grad: str = NA
+    grad_reason: str = ""
+    seconds: float = 0.0
+
+
+def _rng_state_shim() -> None:
+    """OpInfo's random-op wrappers save and restore every backend's RNG state; lazyxla's backend
+    module (lazyxla/_src/tensor.py) has no get_rng_state/set_rng_state yet: provide them here."""
+    mod = torch.get_device_module(DEV.type)
+    if hasattr(mod, "get_rng_state"):
+        return
+    from lazyxla._src import random_state
+
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.tensor(random_state.get_state(), dtype=torch.int64).view(torch.uint8)
+
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        random_state.set_state(*state.view(torch.int64).tolist())
+
+    mod.get_rng_state = get_rng_state
+    mod.set_rng_state = set_rng_state
+
+
+def key_of(op: Any) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+@functools.cache
+def op_db() -> dict[str, Any]:
+    """`op_db` by entry key (the first entry wins on a duplicate key)."""
+    _rng_state_shim()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    out: dict[str, Any] = {}
+    for op in db:
+        out.setdefault(key_of(op), op)
+    return out
+
+
+# --- moving samples and comparing results --------------------------------------------------------
+
+
+def _to_lazy(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        with torch.no_grad():
+            out = v.detach().clone().to(DEV)
+        return out.requires_grad_(v.requires_grad)
+    if isinstance(v, list):
+        return [_to_lazy(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_to_lazy(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_lazy(x) for k, x in v.items()}
+    if isinstance(v, torch.device) or (isinstance(v, str) and v == "cpu"):
+        return DEV
+    return v
+
+
+def _to_cpu(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu() if v.device.type != "cpu" else v.detach()
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return [_to_cpu(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _to_cpu(x) for k, x in v.items()}
+    return v
+
+
+def _flat(v: Any) -> list[Any]:
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return [y for x in v for y in _flat(x)]
+    if isinstance(v, dict):
+        return [y for x in v.values() for y in _flat(x)]
+    return [v]
+
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    return [t for t in _flat(v) if isinstance(t, torch.Tensor)]
+
+
+def _clone_cpu(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        out = v.detach().clone()
+        return out.requires_grad_(v.requires_grad)
+    if isinstance(v, list):
+        return [_clone_cpu(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_clone_cpu(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _clone_cpu(x) for k, x in v.items()}
+    return v
+
+
+def _compare(actual: Any, expected: Any, tol: dict[str, float], values: bool = True) -> None:
+    actual, expected = _to_cpu(actual), _to_cpu(expected)
+    if not values:
+        fa, fe = _tensors(actual), _tensors(expected)
+        assert len(fa) == len(fe), f"{len(fa)} tensors, expected {len(fe)}"
+        for a, e in zip(fa, fe):
+            assert a.shape == e.shape and a.dtype == e.dtype, (
+                f"{a.shape}/{a.dtype}, expected {e.shape}/{e.dtype}"
+            )
+        return
+    torch.testing.assert_close(actual, expected, equal_nan=True, check_device=False, **tol)
+
+
+def _fallbacks() -> dict[str, int]:
+    return {n: metrics.counter_value(n) or 0 for n in metrics.counter_names() if n[:6] == "aten::"}
+
+
+def _moved(before: dict[str, int]) -> list[str]:
+    return sorted(n[6:] for n, v in _fallbacks().items() if v != before.get(n, 0))
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    first = msg[0] if msg else ""
+    for line in msg:  # assert_close puts the useful line second
+        if "Mismatched elements" in line or "Greatest" in line:
+            first = f"{first} {line.strip()}"
+            break
+    return f"{type(e).__name__}: {first}"[:200]
+
+
+def _dtypes(op: Any, full: bool) -> list[torch.dtype]:
+    supported = op.supported_dtypes("cpu")
+    if full:
+        want = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+        return [d for d in want if d in supported]
+    for d in (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64):
+        if d in supported:
+            return [d]
+    return []
+
+
+def _samples(op: Any, dtype: torch.dtype, requires_grad: bool, n: int | None) -> list[Any]:
+    torch.manual_seed(0)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, s in enumerate(op.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
+            if n is not None and i >= n:
+                break
+            out.append(s)
+    return out
+
+
+def _call(op: Any, s: Any) -> Any:
+    return op(s.input, *s.args, **s.kwargs)
+
+
+def _check_forward(op: Any, key: str, full: bool) -> tuple[str, str, set[str]]:
+    """(status, reason, fallback ops) of the forward values."""
+    n = None if full else DEFAULT_SAMPLES
+    fell: set[str] = set()
+    ran = 0
+    values = key not in UNDEFINED_VALUES
+    for dtype in _dtypes(op, full):
+        tol = dict(_DTYPE_TOL.get(dtype, {}))
+        tol.update(TOLERANCES.get(key, ({}, ""))[0])
+        for i, s in enumerate(_samples(op, dtype, False, n)):
+            cpu_s = _clone_cpu((s.input, s.args, s.kwargs))
+            if key in KEEP_CPU_ARGS:
+                lazy_s = (_to_lazy(s.input), _clone_cpu(s.args), _clone_cpu(s.kwargs))
+            else:
+                lazy_s = _to_lazy((s.input, s.args, s.kwargs))
+            try:
+                expected = op(cpu_s[0], *cpu_s[1], **cpu_s[2])
+            except Exception:
+                continue  # eager rejects the sample (an error-input case): nothing to compare
+            ran += 1
+            before = _fallbacks()
+            where = f"{dtype} sample {i}"
+            try:
+                actual = op(lazy_s[0], *lazy_s[1], **lazy_s[2])
+                actual_cpu = _to_cpu(actual)
+                inputs_cpu = _to_cpu(lazy_s)
+            except Exception as e:
+                return FAILS, f"{where}: {_short(e)}", fell
+            fell.update(_moved(before))
+            try:
+                _compare(actual_cpu, expected, tol, values)
+            except Exception as e:
+                return FAILS, f"{where}: {_short(e)}", fell
+            try:  # in-place ops: the mutated inputs must match too
+                _compare(_tensors(inputs_cpu), _tensors(cpu_s), tol, values)
+            except Exception as e:
+                return FAILS, f"{where} (inputs after the call): {_short(e)}", fell
+    if not ran:
+        return SKIPPED, "no sample runs on eager CPU", fell
+    if fell:
+        return FALLBACK, "CPU fallback: " + ", ".join(sorted(fell)), fell
+    return LOWERED, "", fell
+
+
+def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
+    if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
+        return NA, ""
+    if key in GRAD_SKIPS:
+        return SKIPPED, GRAD_SKIPS[key]
+    if key in UNDEFINED_VALUES:
+        return NA, ""
+    n = None if full else DEFAULT_SAMPLES
+    tol = dict(TOLERANCES.get(key, ({}, ""))[0])
+    fell: set[str] = set()
+    ran = 0
+    for i, s in enumerate(_samples(op, torch.float32, True, n)):
+        where = f"grad sample {i}"
+        cpu_s = _clone_cpu((s.input, s.args, s.kwargs))
+        lazy_s = _to_lazy(cpu_s)
+        wrt_c = [t for t in _tensors(cpu_s) if t.requires_grad]
+        wrt_l = [t for t in _tensors(lazy_s) if t.requires_grad]
+        try:
+            out_c = s.output_process_fn_grad(op(cpu_s[0], *cpu_s[1], **cpu_s[2]))
+            outs_c = [o for o in _tensors(out_c) if o.requires_grad]
+            if not wrt_c or not outs_c:
+                continue
+            g = torch.Generator().manual_seed(i)
+            cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_c]
+            grads_c = torch.autograd.grad(outs_c, wrt_c, cot, allow_unused=True)
+        except Exception:
+            continue
+        ran += 1
+        before = _fallbacks()
+        try:
+            out_l = s.output_process_fn_grad(op(lazy_s[0], *lazy_s[1], **lazy_s[2]))
+            outs_l = [o for o in _tensors(out_l) if o.requires_grad]
+            if len(outs_l) != len(outs_c):
+                return (
+                    FAILS,
+                    f"{where}: {len(outs_l)} differentiable outputs, eager has {len(outs_c)}",
+                )
+            grads_l = torch.autograd.grad(
+                outs_l, wrt_l, [c.to(DEV) for c in cot], allow_unused=True
+            )
+            grads_l = [None if x is None else x.cpu() for x in grads_l]
+        except Exception as e:
+            return FAILS, f"{where}: {_short(e)}"
+        fell.update(_moved(before))
+        try:
+            for gl, gc in zip(grads_l, grads_c):
+                if gc is None or gl is None:
+                    gl = torch.zeros_like(gc) if gl is None and gc is not None else gl
+                    gc = torch.zeros_like(gl) if gc is None and gl is not None else gc
+                if gc is not None:
+                    _compare(gl, gc, tol)
+        except Exception as e:
+            return FAILS, f"{where}: {_short(e)}"
+    if not ran:
+        return NA, ""
+    if fell:
+        return FALLBACK, "CPU fallback: " + ", ".join(sorted(fell))
+    return LOWERED, ""
+
+
+def run_entry(key: str, full: bool = False, grad: bool = True) -> Result:
+    """Classify one `op_db` entry (see the module docstring)."""
+    if key in SKIPS:
+        return Result(key, SKIPPED, SKIPS[key])
+    op = op_db()[key]
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status, reason, _ = _check_forward(op, key, full)
+        g, g_reason = NA, ""
+        if grad and status in (LOWERED, FALLBACK):
+            g, g_reason = _check_grad(op, key, full)
+    return Result(key, status, reason, g, g_reason, time.perf_counter() - t0)
+
+
+def sweep(
+    keys: Iterable[str] | None = None, full: bool = False, progress: bool = False
+) -> list[Result]:
+    keys = list(op_db()) if keys is None else list(keys)
+    results = []
+    for i, k in enumerate(keys):
+        if progress:
+            print(f"[{i + 1}/{len(keys)}] {k}", file=sys.stderr, flush=True)
+        results.append(run_entry(k, full))
+    return results
+
+
+# --- totals and the report -----------------------------------------------------------------------
+
+
+def totals(results: list[Result]) -> dict[str, Any]:
+    n = len(results)
+    count = {s: sum(r.status == s for r in results) for s in (LOWERED, FALLBACK, SKIPPED, FAILS)}
+    with_grad = [r for r in results if r.grad != NA]
+    gcount = {s: sum(r.grad == s for r in with_grad) for s in (LOWERED, FALLBACK, SKIPPED, FAILS)}
+    return {
+        "entries": n,
+        **count,
+        "native_pct": 100.0 * count[LOWERED] / max(n, 1),
+        "native_or_fallback_pct": 100.0 * (count[LOWERED] + count[FALLBACK]) / max(n, 1),
+        "grad_entries": len(with_grad),
+        "grad": gcount,
+        "grad_match_pct": 100.0 * (gcount[LOWERED] + gcount[FALLBACK]) / max(len(with_grad), 1),
+    }
+
+
+_HEADER = """\
+# Op coverage: PyTorch's OpInfo database on lazyxla
+
+Generated by `python -m lazyxla.tools.op_coverage` (do not edit; `tests/ops/test_opinfo.py`
+checks that every status below is current). Each `op_db` entry runs its first {samples} sample
+inputs in one dtype (float32 where supported) on lazyxla and on eager CPU; values and float32
+gradients are compared with `torch.testing.assert_close`. `make test-ops-full` runs every sample in float32,
+bfloat16, int64 and bool.
+
+- **lowered**: runs natively and matches; **fallback**: matches, with the named aten ops run by the
+  CPU fallback (counted as `aten::<op>` in `lazyxla.debug.metrics`); **skipped**: not run, for the
+  reason given; **fails**: a mismatch or an error eager CPU does not raise.
+- Gradient column: the same statuses for the float32 gradients; `n/a` where the entry has no
+  autograd support.
+- Data-dependent output shapes (`nonzero`, `unique`, `masked_select`, boolean-mask indexing)
+  cannot be traced into a static XLA graph: they run through the counted CPU fallback.
+
+"""
+
+
+def render_markdown(results: list[Result]) -> str:
+    t = totals(results)
+    g = t["grad"]
+    lines = [_HEADER.format(samples=DEFAULT_SAMPLES)]
+    lines.append("## Totals\n")
+    lines.append(f"- entries: {t['entries']}")
+    lines.append(
+        f"- forward: lowered {t[LOWERED]} ({t['native_pct']:.1f}%), fallback {t[FALLBACK]}, "
+        f"lowered or fallback {t['native_or_fallback_pct']:.1f}%, skipped {t[SKIPPED]}, "
+        f"fails {t[FAILS]}"
+    )
+    lines.append(
+        f"- gradients ({t['grad_entries']} entries with autograd): lowered {g[LOWERED]}, "
+        f"fallback {g[FALLBACK]}, skipped {g[SKIPPED]}, fails {g[FAILS]}; match "
+        f"{t['grad_match_pct']:.1f}%"
+    )
+    lines.append("")
+    lines.append("## Entries\n")
+    lines.append("| op | status | gradient | reason |")
+    lines.append("| --- | --- | --- | --- |")
+    for r in sorted(results, key=lambda r: r.key):
+        reason = "; ".join(
+            x for x in (r.reason, f"grad: {r.grad_reason}" if r.grad_reason else "") if x
+        )
+        lines.append(f"| `{r.key}` | {r.status} | {r.grad} | {_md_escape(reason)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+_ROW = re.compile(r"^\| `(?P<key>[^`]+)` \| (?P<status>\S+) \| (?P<grad>\S+) \| (?P<reason>.*) \|$")
+
+
+def parse_markdown(text: str) -> dict[str, tuple[str, str]]:
+    """{key: (status, gradient status)} from a rendered report."""
+    out = {}
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m:
+            out[m["key"]] = (m["status"], m["grad"])
+    return out
+
+
+def print_table(results: list[Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    colors = {LOWERED: "green", FALLBACK: "yellow", SKIPPED: "blue", FAILS: "red", NA: "dim"}
+    table = Table(title="lazyxla op coverage (OpInfo op_db)")
+    for col in ("op", "status", "gradient", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in sorted(results, key=lambda r: r.key):
+        reason = "; ".join(
+            x for x in (r.reason, f"grad: {r.grad_reason}" if r.grad_reason else "") if x
+        )
+        table.add_row(
+            r.key,
+            f"[{colors[r.status]}]{r.status}[/]",
+            f"[{colors[r.grad]}]{r.grad}[/]",
+            reason,
+        )
+    console = Console()
+    console.print(table)
+    t = totals(results)
+    g = t["grad"]
+    console.print(
+        f"entries {t['entries']}: lowered {t[LOWERED]} ({t['native_pct']:.1f}%), fallback "
+        f"{t[FALLBACK]} (lowered or fallback {t['native_or_fallback_pct']:.1f}%), skipped "
+        f"{t[SKIPPED]}, fails {t[FAILS]}"
+    )
+    console.print(
+        f"gradients ({t['grad_entries']}): lowered {g[LOWERED]}, fallback {g[FALLBACK]}, skipped "
+        f"{g[SKIPPED]}, fails {g[FAILS]}; match {t['grad_match_pct']:.1f}%"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lazyxla.tools.op_coverage")
+    p.add_argument("--full", action="store_true", help="every sample, every dtype")
+    p.add_argument("-k", default=None, help="only entries whose key contains this substring")
+    p.add_argument("--no-write", action="store_true", help="do not write docs/op_coverage.md")
+    p.add_argument("--progress", action="store_true")
+    args = p.parse_args(argv)
+    keys = [k for k in op_db() if args.k is None or args.k in k]
+    t0 = time.perf_counter()
+    results = sweep(keys, full=args.full, progress=args.progress)
+    print_table(results)
+    print(f"swept {len(results)} entries in {time.perf_counter() - t0:.0f}s")
+    if not (args.full or args.k or args.no_write):
+        with open(DOC_PATH, "w") as f:
+            f.write(render_markdown(results))
+        print(f"wrote {os.path.normpath(DOC_PATH)}")
+    return 1 if any(r.status == FAILS or r.grad == FAILS for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
