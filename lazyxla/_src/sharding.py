@@ -361,16 +361,26 @@ def _validate(t: torch.Tensor, mesh: Mesh, partition_spec: tuple) -> NamedShardi
     return mesh.named_sharding(tuple(partition_spec))
 
 
+def _divides(named: NamedSharding, shape: tuple[int, ...]) -> bool:
+    try:
+        named.shard_shape(shape)
+    except ValueError:
+        return False
+    return True
+
+
 def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedSharding) -> None:
     """Give `t` the sharding `named` (data is resharded now, pending values get a constraint)."""
     s = state(t)
     node, k = read(s)
     spec = s.spec
-    if node.op == "xla::device_data" and s.base is None:
+    if node.op == "xla::device_data" and s.base is None and _divides(named, spec.shape):
         with metrics.timed("TransferToDeviceTime"):
             arr = jax.device_put(node.data, named)
         s.value = (device_data(arr, spec, sharding=named), 0)
     else:
+        # A pending value, or an uneven split (jax arrays hold only even shardings; XLA pads
+        # inside the graph): the annotation becomes a sharding constraint in the graph.
         from .dispatch import emit
 
         write(s, emit("xla::mark_sharding", _constraint_rule, ((node, k),), (Ref(0), named), spec))
@@ -463,6 +473,11 @@ class XLAShardedTensor(torch.Tensor):
 
     @property
     def local_shards(self) -> list[XLAShard]:
+        """Each device's shard, by device id; uneven splits give zero-padded equal shards whose
+        `unpadded_data` is the real part, as torch_xla's do."""
+        s = state(self)
+        if isinstance(s.sharding, ShardingAnnotation):
+            return _tiles(self.global_tensor.cpu(), s.sharding.named)
         arr = self._array()
         shards = sorted(arr.addressable_shards, key=lambda sh: sh.device.id)
         out = []
@@ -497,6 +512,38 @@ class XLAShardedTensor(torch.Tensor):
 
     def __repr__(self) -> str:
         return f"XLAShardedTensor({self.global_tensor!r}, sharding={self.sharding_spec!r})"
+
+
+def _tiles(full: torch.Tensor, named: NamedSharding) -> list[XLAShard]:
+    """torch_xla's shards of `full` under `named`, from the tile assignment."""
+    hlo = named._to_xla_hlo_sharding(full.dim())
+    ids = _mesh_device_ids(named)
+    if hlo.is_replicated():
+        return [
+            XLAShard(full.clone(), [slice(0, n, 1) for n in full.shape], i, f"CPU:{d}")
+            for i, d in enumerate(sorted(ids))
+        ]
+    dims = list(hlo.tile_assignment_dimensions())
+    devs = [ids[p] for p in hlo.tile_assignment_devices()]
+    coords = np.unravel_index(np.arange(len(devs)), dims)
+    out = []
+    for flat, d in sorted(enumerate(devs), key=lambda x: x[1]):
+        c = [int(coords[k][flat]) for k in range(len(dims))]
+        replica = c[-1] if hlo.replicate_on_last_tile_dim() else 0
+        idx, pad = [], []
+        for i, n in enumerate(full.shape):
+            size = -(-n // dims[i])
+            start = min(c[i] * size, n)
+            stop = min(start + size, n)
+            idx.append(slice(start, stop, 1))
+            pad.append(size - (stop - start))
+        real = full[tuple(idx)].clone()
+        padded = real
+        if any(pad):
+            widths = [w for p in reversed(pad) for w in (0, p)]
+            padded = torch.nn.functional.pad(real, widths)
+        out.append(XLAShard(padded, idx, replica, f"CPU:{d}", unpadded_data=real))
+    return out
 
 
 def unwrap(t: torch.Tensor) -> torch.Tensor:

@@ -196,3 +196,16 @@ def test_mark_sharding_with_gradients(mesh):
     (y * y).sum().backward()
     (x * x).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), x.grad)
+
+
+def test_uneven_split_gives_padded_shards(mesh):
+    x = torch.arange(56, dtype=torch.float32).reshape(7, 8)
+    st = xs.mark_sharding(x.to(dev), mesh, ("x", "y"))
+    assert st.sharding_spec == "{devices=[4,2]0,1,2,3,4,5,6,7}"
+    shards = st.local_shards
+    assert [tuple(s.data.shape) for s in shards] == [(2, 4)] * 8
+    last = shards[-1]
+    assert last.indices == [slice(6, 7, 1), slice(4, 8, 1)]
+    torch.testing.assert_close(last.unpadded_data, x[6:7, 4:8])
+    assert last.data[1].abs().sum() == 0  # the padding row
+    torch.testing.assert_close((st.global_tensor * 2).cpu(), x * 2)
