@@ -27,19 +27,8 @@ import lazyxla  # noqa: E402
 import lazyxla.distributed.spmd as xs  # noqa: E402
 from lazyxla._src.sharding import XLAShardedTensor  # noqa: E402
 from lazyxla.debug import metrics  # noqa: E402
-from lazyxla.models import Decoder, DecoderConfig  # noqa: E402
+from lazyxla.models import Decoder, DecoderConfig, seed_partition_spec  # noqa: E402
 
-PLAN = {
-    "embed.": ("fsdp", "tensor"),
-    "q_proj.": ("tensor", "fsdp"),
-    "k_proj.": ("tensor", "fsdp"),
-    "v_proj.": ("tensor", "fsdp"),
-    "o_proj.": ("fsdp", "tensor"),
-    "gate.": ("tensor", "fsdp"),
-    "up.": ("tensor", "fsdp"),
-    "down.": ("fsdp", "tensor"),
-    "lm_head.": (("tensor", "fsdp"), None),
-}
 CFG = DecoderConfig(
     vocab_size=1024,
     dim=256,
@@ -59,9 +48,9 @@ def _run(sharded: bool, steps: int = 12, warmup: int = 3) -> dict:
     mesh = xs.Mesh(np.arange(8), (4, 2), ("fsdp", "tensor"))
     if sharded:
         for name, p in model.named_parameters():
-            for key, spec in PLAN.items():
-                if key in name:
-                    xs.mark_sharding(p, mesh, spec)
+            spec = seed_partition_spec(name)
+            if spec is not None:
+                xs.mark_sharding(p, mesh, spec)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, CFG.vocab_size, (16, CFG.max_seq_len), generator=g).to(dev)

@@ -235,3 +235,26 @@ class Decoder(nn.Module):
     def num_parameters(self) -> int:
         """Number of parameters (a tied lm_head has none of its own)."""
         return sum(p.numel() for p in self.parameters())
+
+
+# The seed notebook's 2-D sharding plan for this decoder on an (fsdp, tensor) mesh, by parameter
+# name (its embed_tokens / gate_proj / up_proj / down_proj are embed / gate / up / down here).
+SEED_SHARDING_PLAN: dict[str, tuple] = {
+    "embed.": ("fsdp", "tensor"),
+    "q_proj.": ("tensor", "fsdp"),
+    "k_proj.": ("tensor", "fsdp"),
+    "v_proj.": ("tensor", "fsdp"),
+    "o_proj.": ("fsdp", "tensor"),
+    "gate.": ("tensor", "fsdp"),
+    "up.": ("tensor", "fsdp"),
+    "down.": ("fsdp", "tensor"),
+    "lm_head.": (("tensor", "fsdp"), None),
+}
+
+
+def seed_partition_spec(param_name: str) -> tuple | None:
+    """The seed plan's partition spec for a `Decoder` parameter, or None (left replicated)."""
+    for key, spec in SEED_SHARDING_PLAN.items():
+        if key in param_name:
+            return spec
+    return None

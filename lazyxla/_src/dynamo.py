@@ -27,7 +27,17 @@ from typing import Any
 import torch
 
 from . import fallback, graph, metrics, random_state
-from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec, intern_desc, post_order, scalar
+from .ir import (
+    DEVICE_DATA,
+    SCALAR,
+    Node,
+    Ref,
+    TensorSpec,
+    intern_desc,
+    post_order,
+    scalar,
+    structure_key,
+)
 from .lower import Program
 from .tensor import DEVICE_TYPE, new_tensor, read, state, write
 
@@ -116,15 +126,8 @@ class Trace:
         self.program = Program(
             nodes, pos, [(pos[id(n)], k) for n, k in roots], leaf_ids={id(n) for n in leaves}
         )
-        parts = []
-        for n in nodes:
-            if n.inputs:
-                parts.append((n.desc, tuple((pos[id(x)], k) for x, k in n.inputs)))
-            elif n.op in (GRAPH_INPUT, DEVICE_DATA, SCALAR):
-                parts.append((n.op, n.specs))
-            else:
-                parts.append(n.desc)
-        self.id = intern_desc(("dynamo_graph", tuple(parts), tuple(pos[id(n)] for n, _ in roots)))
+        parts = structure_key(nodes, (GRAPH_INPUT, DEVICE_DATA, SCALAR))
+        self.id = intern_desc(("dynamo_graph", parts, tuple((pos[id(n)], k) for n, k in roots)))
         body = self.program.function()
         self.rule = lambda *arrays: tuple(body(list(arrays[:-1]), []))
         self.n_roots = len(roots)

@@ -10,6 +10,7 @@ part of the cache key. See Note [Graph hashing] in graph.py.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -169,8 +170,11 @@ def _static_str(v: Any) -> str:
     return str(v)
 
 
-def post_order(roots: list[Node]) -> list[Node]:
-    """Nodes reachable from `roots`, inputs before users, in torch_xla's visiting order."""
+def post_order(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
+    """Nodes reachable from `roots`, inputs before users, in torch_xla's visiting order.
+
+    Nodes for which `stop` is true are kept as leaves: their inputs are not visited.
+    """
     order: list[Node] = []
     seen: set[int] = set()
     for root in roots:
@@ -185,11 +189,30 @@ def post_order(roots: list[Node]) -> list[Node]:
             if id(node) in seen:
                 continue
             seen.add(id(node))
+            if stop is not None and stop(node):
+                order.append(node)
+                continue
             stack.append((node, True))
             for inp, _ in node.inputs:
                 if id(inp) not in seen:
                     stack.append((inp, False))
     return order
+
+
+def structure_key(order: list[Node], leaf_ops: tuple[str, ...]) -> tuple:
+    """The data-free structure of a sub-graph in post-order: each node's descriptor and the
+    positions of its inputs; leaves of `leaf_ops` count by op and spec only (they are inputs),
+    and a node whose inputs lie outside the sub-graph (a `post_order` stop) by its descriptor."""
+    pos = {id(n): i for i, n in enumerate(order)}
+    parts: list[Any] = []
+    for n in order:
+        if n.op in leaf_ops:
+            parts.append((n.op, n.specs))
+        elif n.inputs and all(id(x) in pos for x, _ in n.inputs):
+            parts.append((n.desc, tuple((pos[id(x)], k) for x, k in n.inputs)))
+        else:
+            parts.append(n.desc)
+    return tuple(parts)
 
 
 def to_text(roots: list[tuple[Node, int]]) -> str:

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec
 
 from . import sharding as xs
 from .dispatch import emit
-from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec
+from .ir import DEVICE_DATA, SCALAR, Node, Ref, TensorSpec, post_order, structure_key
 from .lower import Program
 from .tensor import new_tensor, read, state
 
@@ -81,41 +81,16 @@ def enable_manual_sharding(
     return xs.XLAShardedTensor.wrap(out)
 
 
+_REGION_LEAVES = (FULL_TO_SHARD, DEVICE_DATA, SCALAR)
+
+
 def _region(root: tuple[Node, int]) -> tuple[list[Node], list[Node]]:
-    """Post-order of the region ending at `root`, and its leaves (entries first)."""
-    order: list[Node] = []
-    leaves: list[Node] = []
-    seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root[0], False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.op in (FULL_TO_SHARD, DEVICE_DATA, SCALAR):
-            leaves.append(node)
-            order.append(node)
-            continue
-        stack.append((node, True))
-        for inp, _ in reversed(node.inputs):
-            stack.append((inp, False))
+    """Post-order of the region ending at `root`, and its leaves (entries, data, scalars)."""
+    order = post_order([root[0]], stop=lambda n: n.op in _REGION_LEAVES)
+    leaves = [n for n in order if n.op in _REGION_LEAVES]
     if not any(n.op == FULL_TO_SHARD for n in leaves):
         raise ValueError("disable_manual_sharding: the tensor does not come from a manual region")
     return order, leaves
-
-
-def _region_key(order: list[Node], leaves: list[Node]) -> tuple:
-    pos = {id(n): i for i, n in enumerate(order)}
-    parts = []
-    for n in order:
-        if n.op == FULL_TO_SHARD or not n.inputs:
-            parts.append(n.desc)
-        else:
-            parts.append((n.desc, tuple((pos[id(x)], k) for x, k in n.inputs)))
-    return tuple(parts)
 
 
 def disable_manual_sharding(
@@ -164,7 +139,8 @@ def disable_manual_sharding(
         )
         return fn(*arrays[: len(inputs)])
 
-    key = (_region_key(order, leaves), tuple(in_specs), out_spec, jmesh)
+    # Entries are keyed by their descriptor (it holds the mesh and spec), other leaves by spec.
+    key = (structure_key(order, (DEVICE_DATA, SCALAR)), tuple(in_specs), out_spec, jmesh)
     args = (*(Ref(i) for i in range(len(inputs))), key)
     node = Node("xla::shard_map", rule, tuple(inputs), args, (), (full,))
     out = new_tensor((node, 0), full)

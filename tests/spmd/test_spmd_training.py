@@ -8,29 +8,9 @@ import torch
 import lazyxla
 import lazyxla.debug.metrics as met
 import lazyxla.distributed.spmd as xs
-from lazyxla.models import Decoder, DecoderConfig
+from lazyxla.models import Decoder, DecoderConfig, seed_partition_spec
 
 dev = lazyxla.device()
-
-# Seed 000's plan, by parameter name (embed_tokens → embed, gate_proj → gate, ...).
-PLAN = {
-    "embed": ("fsdp", "tensor"),
-    "q_proj": ("tensor", "fsdp"),
-    "k_proj": ("tensor", "fsdp"),
-    "v_proj": ("tensor", "fsdp"),
-    "o_proj": ("fsdp", "tensor"),
-    "gate": ("tensor", "fsdp"),
-    "up": ("tensor", "fsdp"),
-    "down": ("fsdp", "tensor"),
-    "lm_head": (("tensor", "fsdp"), None),
-}
-
-
-def plan_for(name: str):
-    for key, spec in PLAN.items():
-        if f"{key}." in name:
-            return spec
-    return None
 
 
 def test_seed_plan_trains_like_eager():
@@ -50,7 +30,7 @@ def test_seed_plan_trains_like_eager():
     mesh = xs.Mesh(np.arange(8), (4, 2), ("fsdp", "tensor"))
     specs = {}
     for name, p in model.named_parameters():
-        spec = plan_for(name)
+        spec = seed_partition_spec(name)
         if spec is not None:
             xs.mark_sharding(p, mesh, spec)
             specs[name] = lazyxla.debug.sharding_spec(p)

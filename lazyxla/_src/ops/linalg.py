@@ -22,16 +22,8 @@ def bmm(a, b):
     return jnp.matmul(a, b, precision=_HIGHEST)
 
 
-@lowering(aten.addmm.default)
+@lowering(aten.addmm.default, aten.baddbmm.default)
 def addmm(bias, a, b, beta=1, alpha=1):
-    out = jnp.matmul(a, b, precision=_HIGHEST)
-    if not is_const(alpha, 1):
-        out = out * alpha
-    return out + (bias if is_const(beta, 1) else bias * beta) if not is_const(beta, 0) else out
-
-
-@lowering(aten.baddbmm.default)
-def baddbmm(bias, a, b, beta=1, alpha=1):
     out = jnp.matmul(a, b, precision=_HIGHEST)
     if not is_const(alpha, 1):
         out = out * alpha

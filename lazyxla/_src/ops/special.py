@@ -122,14 +122,19 @@ def native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
 
 
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
-    out, mean, rstd = _bn(x, weight, bias, running_mean, running_var, True, momentum, eps)
-    return out, mean, rstd, torch.empty((0,), dtype=torch.uint8, device=x.device)
+    return _with_reserve(x, _bn(x, weight, bias, running_mean, running_var, True, momentum, eps))
 
 
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
-    training = running_mean is None
-    out, mean, rstd = _bn(x, weight, bias, running_mean, running_var, training, momentum, eps)
-    return out, mean, rstd, torch.empty((0,), dtype=torch.uint8, device=x.device)
+    training = running_mean is None  # no running stats: batch statistics, as PyTorch does
+    return _with_reserve(
+        x, _bn(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    )
+
+
+def _with_reserve(x, outs):
+    """(out, mean, rstd) plus the empty `reserve` buffer the *_update ops also return."""
+    return (*outs, torch.empty((0,), dtype=torch.uint8, device=x.device))
 
 
 def batch_norm_backward(
