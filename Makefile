@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench clean test-ops-full
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -36,3 +36,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# Every OpInfo sample in float32, bfloat16, int64 and bool (the default run: first samples, one
+# dtype).
+test-ops-full: $(STAMP)
+	LAZYXLA_OPINFO_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests/ops/test_opinfo.py tests/ops/test_opinfo_part2.py

@@ -439,6 +439,11 @@ def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[i
     return True
 
 
+_METADATA_INPLACE = frozenset(
+    {"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"}
+)
+
+
 def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
     """`add_` from `add`: compute functionally, then write each mutated argument."""
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
@@ -446,6 +451,9 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     writes = [i for i, s in enumerate(specs) if s.is_write]
     name, counter = _op_name(functional), _counter_name(op)
     returns_self = len(op._schema.returns) > 0
+    # In-place ops that change a tensor's shape, not its values: derived from their functional
+    # (view) twin, their result replaces the tensor instead of being written into it.
+    reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -456,6 +464,10 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
             # PyTorch's own error (a broadcast into self, a float result into an int tensor).
             infer(op, specs, vals)
         _, out = record(name, lw, fspecs, vals, out_struct)
+        if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
+            vals[writes[0]].data = out
+            metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+            return vals[writes[0]]
         if len(writes) == 1 and not specs[writes[0]].is_list_write:
             _write_result(vals[writes[0]], out if isinstance(out, torch.Tensor) else out[0])
         else:

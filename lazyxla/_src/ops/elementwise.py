@@ -353,3 +353,10 @@ def softplus_backward(grad, x, beta, threshold):
     grad, x = _opmath(grad, x)
     bx = x * beta
     return jnp.where(bx > threshold, grad, grad * jax.nn.sigmoid(bx))
+
+
+# `pow_.Scalar` (Tensor self, Scalar exponent) would be derived from `pow.Scalar` (Scalar self,
+# Tensor exponent) by overload name: it gets its own rule.
+@lowering(aten.pow_.Scalar)
+def pow_inplace_scalar(x, y):
+    return pow_(x, y)

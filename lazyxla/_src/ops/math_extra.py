@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
@@ -48,7 +50,15 @@ def polygamma(n, x):
     x = _f(x)
     if n == 0:
         return jss.digamma(x)
-    return jss.polygamma(n, x)
+    # jax's polygamma is for x > 0: shift negative x up with the recurrence
+    # psi_n(x) = psi_n(x + k) - (-1)^n n! sum_{j<k} (x + j)^-(n+1).
+    k = 16
+    neg = x < 0
+    xs = jnp.where(neg, x + k, x)
+    out = jss.polygamma(n, xs)
+    corr = sum(1.0 / (x + j) ** (n + 1) for j in range(k))
+    sign = 1.0 if n % 2 else -1.0
+    return jnp.where(neg, out + sign * math.factorial(n) * corr, out)
 
 
 @lowering(aten.round.decimals)
@@ -728,3 +738,152 @@ def norm_all(x, p=2, *, dtype=None):
     from .reduction import vector_norm
 
     return vector_norm(_acc(x, dtype) if dtype is not None else x, 2 if p is None else p)
+
+
+# --- orthogonal polynomials (PyTorch's Math.h: the same special cases, then the recurrence) -------
+
+
+def _poly(x, n, p1, step, special=None):
+    """p_n(x) by p_{k+1} = step(k, x, p_{k-1}, p_k), p_0 = 1, p_1 = p1(x); n is per element."""
+    x = _f(x)
+    n = jnp.broadcast_to(jnp.asarray(n), jnp.broadcast_shapes(jnp.shape(x), jnp.shape(n)))
+    n = jnp.trunc(n).astype(jnp.int64) if jnp.issubdtype(n.dtype, jnp.inexact) else n
+    n = n.astype(jnp.int64)
+    x = jnp.broadcast_to(x, n.shape)
+    q1 = p1(x)
+    out = jnp.where(n == 0, jnp.ones_like(x), jnp.where(n == 1, q1, jnp.zeros_like(x)))
+
+    def cond(c):
+        return c[0] < jnp.max(n, initial=0)
+
+    def body(c):
+        k, p, q, out = c
+        r = step(k.astype(x.dtype), x, p, q)
+        out = jnp.where(n == k + 1, r, out)
+        return k + 1, q, r, out
+
+    _, _, _, out = lax.while_loop(cond, body, (jnp.int64(1), jnp.ones_like(x), q1, out))
+    if special is not None:
+        out = special(x, n, out)
+    return jnp.where(n < 0, jnp.zeros_like(out), out)
+
+
+def _odd(n):
+    return (n % 2) == 1
+
+
+def _cheb_t(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where((x > 0) | ~_odd(n), 1.0, -1.0).astype(x.dtype)
+        trig = jnp.cos(nf * jnp.arccos(x))
+        out = jnp.where((n > 6) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_u(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where((x > 0) | ~_odd(n), nf + 1, -(nf + 1))
+        a = jnp.arccos(x)
+        s = jnp.sin(a)
+        trig = jnp.where(
+            s != 0,
+            jnp.sin((nf + 1) * a) / jnp.where(s != 0, s, 1),
+            (nf + 1) * jnp.cos((nf + 1) * a) / x,
+        )
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_v(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        odd = jnp.where(_odd(n), -(nf + nf + 1), nf + nf + 1)
+        edge = jnp.where(x > 0, jnp.ones_like(x), odd)
+        a = jnp.arccos(x)
+        h = jnp.sin(a / 2)
+        trig = jnp.where(h != 1, jnp.cos((nf + 0.5) * a) / jnp.cos(a / 2), odd)
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x - 1, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_w(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where(x > 0, nf + nf + 1, jnp.where(_odd(n), -1.0, 1.0).astype(x.dtype))
+        a = jnp.arccos(x)
+        c = jnp.cos(a / 2)
+        trig = jnp.where(
+            c != 1,
+            jnp.sin((nf + 0.5) * a) / jnp.sin(a / 2),
+            jnp.where(x > 0, nf + nf + 1, jnp.where(_odd(n), -1.0, 1.0).astype(x.dtype)),
+        )
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x + 1, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _hermite_h(x, n):
+    return _poly(x, n, lambda x: x + x, lambda k, x, p, q: (x + x) * q - (k + k) * p)
+
+
+def _hermite_he(x, n):
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: x * q - k * p)
+
+
+def _laguerre(x, n):
+    def special(x, n, out):
+        return jnp.where((jnp.abs(x) == 0) & (n >= 0), jnp.ones_like(out), out)
+
+    return _poly(
+        x, n, lambda x: 1 - x, lambda k, x, p, q: ((k + k + (1 - x)) * q - k * p) / (k + 1), special
+    )
+
+
+def _legendre(x, n):
+    def special(x, n, out):
+        edge = jnp.where((x > 0) | (n == 0) | ~_odd(n), 1.0, -1.0).astype(x.dtype)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(
+        x, n, lambda x: x, lambda k, x, p, q: ((k + k + 1) * x * q - k * p) / (k + 1), special
+    )
+
+
+def _shifted(fn):
+    return lambda x, n: fn(_f(x) + _f(x) - 1, n)
+
+
+for _name, _fn in (
+    ("chebyshev_polynomial_t", _cheb_t),
+    ("chebyshev_polynomial_u", _cheb_u),
+    ("chebyshev_polynomial_v", _cheb_v),
+    ("chebyshev_polynomial_w", _cheb_w),
+    ("shifted_chebyshev_polynomial_t", _shifted(_cheb_t)),
+    ("shifted_chebyshev_polynomial_u", _shifted(_cheb_u)),
+    ("shifted_chebyshev_polynomial_v", _shifted(_cheb_v)),
+    ("shifted_chebyshev_polynomial_w", _shifted(_cheb_w)),
+    ("hermite_polynomial_h", _hermite_h),
+    ("hermite_polynomial_he", _hermite_he),
+    ("laguerre_polynomial_l", _laguerre),
+    ("legendre_polynomial_p", _legendre),
+):
+    lowering(getattr(aten, "special_" + _name).default)(lambda x, n, _fn=_fn: _fn(x, n))
+
+
+@lowering(aten.special_modified_bessel_i0.default)
+def special_modified_bessel_i0(x):
+    return jss.i0(_f(x))
+
+
+@lowering(aten.special_modified_bessel_i1.default)
+def special_modified_bessel_i1(x):
+    return jss.i1(_f(x))

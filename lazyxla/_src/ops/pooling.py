@@ -323,20 +323,20 @@ def upsample_bicubic2d_backward(
 
 
 def _pad(x, padding, mode):
+    """Reflection/replication padding as a gather: output i reads input i - left, reflected or
+    clamped into range (so negative padding crops, as in PyTorch)."""
     nd = len(padding) // 2
-    cfg = [(0, 0)] * x.ndim
     for i in range(nd):
-        cfg[x.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
-    # negative padding crops
-    crop = tuple(
-        slice(-lo if lo < 0 else 0, x.shape[d] + hi if hi < 0 else None)
-        for d, (lo, hi) in enumerate(cfg)
-    )
-    x = x[crop]
-    cfg = [(max(lo, 0), max(hi, 0)) for lo, hi in cfg]
-    if x.size == 0:
-        return jnp.zeros(tuple(n + lo + hi for n, (lo, hi) in zip(x.shape, cfg)), x.dtype)
-    return jnp.pad(x, cfg, mode=mode)
+        ax = x.ndim - 1 - i
+        lo, hi = padding[2 * i], padding[2 * i + 1]
+        n = x.shape[ax]
+        j = np.arange(n + lo + hi) - lo
+        if mode == "reflect":
+            j = np.abs(j)
+            j = (n - 1) - np.abs((n - 1) - j)
+        j = np.clip(j, 0, n - 1)
+        x = jnp.take(x, j, axis=ax)
+    return x
 
 
 def _pad_rule(mode):

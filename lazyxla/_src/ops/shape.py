@@ -292,3 +292,29 @@ def permute_copy(x, dims):
 @lowering(aten.expand_copy.default)
 def expand_copy(x, size, implicit=False):
     return expand(x, size)
+
+
+# --- complex views --------------------------------------------------------------------------------
+
+
+@view_op(
+    aten.view_as_real.default,
+    scatter=lambda parent, new: lax.complex(new[..., 0], new[..., 1]).astype(parent.dtype),
+)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@view_op(
+    aten.view_as_complex.default,
+    scatter=lambda parent, new: jnp.stack([jnp.real(new), jnp.imag(new)], -1).astype(parent.dtype),
+)
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+# `x.conj()` sets PyTorch's lazy conjugation bit, which a lazy tensor's value cannot carry: the view
+# holds the conjugated values instead (and has no conj bit).
+@view_op(aten._conj.default, scatter=lambda parent, new: jnp.conj(new).astype(parent.dtype))
+def _conj(x):
+    return jnp.conj(x)
