@@ -152,10 +152,18 @@ def test_nonzero_cpu_fallback():
     assert metrics.counter_value("aten::nonzero") == before + 1
 
 
-def test_linalg_det_cpu_fallback_with_grad():
+def test_linalg_det_lowered_with_grad():
     a = torch.tensor([[2.0, 1.0, 0.5], [0.3, 3.0, 1.0], [1.0, 0.2, 4.0]], requires_grad=True)
-    names = [n for n in metrics.counter_names() if n.startswith("aten::") and "det" in n]
-    before = {n: metrics.counter_value(n) for n in names}
+    before = {n: metrics.counter_value(n) for n in metrics.counter_names() if n[:6] == "aten::"}
     check(torch.linalg.det, a)
-    after = {n: metrics.counter_value(n) for n in metrics.counter_names() if "det" in n}
-    assert any(v > before.get(n, 0) for n, v in after.items() if n.startswith("aten::")), after
+    after = {n: metrics.counter_value(n) for n in metrics.counter_names() if n[:6] == "aten::"}
+    assert after == before  # no CPU fallback
+
+
+def test_cpu_fallback_with_grad():
+    """grid_sample has no lowering: forward and backward run on the CPU, counted, and match."""
+    x = torch.randn(1, 2, 4, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    grid = torch.rand(1, 3, 3, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    before = metrics.counter_value("aten::grid_sampler_2d") or 0
+    check(lambda v, g: torch.nn.functional.grid_sample(v, g, align_corners=False), x, grid)
+    assert metrics.counter_value("aten::grid_sampler_2d") > before

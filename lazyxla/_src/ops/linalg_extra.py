@@ -46,6 +46,14 @@ def _lu(a):
     return lu, piv, perm
 
 
+def _saved_lu(a):
+    """The (LU, pivots) that det/slogdet return for their backward. PyTorch factors A^T for a
+    contiguous real A (LAPACK is column-major) and its backward formulas expect exactly that; lazy
+    tensors report contiguous strides."""
+    lu, piv, _ = _lu(a if jnp.iscomplexobj(a) else _mT(a))
+    return lu, piv.astype(jnp.int32) + 1
+
+
 @lowering(aten._linalg_svd.default)
 def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
     if not compute_uv:
@@ -172,15 +180,13 @@ def cholesky_solve_helper(b, f, upper):
 
 @lowering(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
-    lu, piv, _ = _lu(a)
     sign, logabs = jnp.linalg.slogdet(a)
-    return sign, logabs, lu, piv.astype(jnp.int32) + 1
+    return (sign, logabs, *_saved_lu(a))
 
 
 @lowering(aten._linalg_det.default)
 def linalg_det(a):
-    lu, piv, _ = _lu(a)
-    return jnp.linalg.det(a), lu, piv.astype(jnp.int32) + 1
+    return (jnp.linalg.det(a), *_saved_lu(a))
 
 
 @lowering(aten.linalg_solve_triangular.default)
