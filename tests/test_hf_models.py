@@ -31,12 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # a test dependency (pyproject's `test` extra, requirements.lock)
 from torch import nn
 
 import lazyxla
 from lazyxla.debug import metrics
 
-transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 STEPS = 5
