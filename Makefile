@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/trace_overhead.py
 	$(BIN)/python bench/step.py
 	$(BIN)/python bench/trace_once.py
+	$(BIN)/python bench/models.py
 	$(BIN)/python bench/spmd.py
 
 clean:

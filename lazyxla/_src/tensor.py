@@ -145,6 +145,20 @@ class _BackendModule:
     manual_seed = manual_seed_all
 
     @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        """The device RNG (seed, counter) as a byte tensor, like every backend's RNG state."""
+        from . import random_state
+
+        return torch.tensor(random_state.get_state(), dtype=torch.int64).view(torch.uint8)
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+        from . import random_state
+
+        seed, counter = new_state.view(torch.int64).tolist()
+        random_state.set_state(seed, counter)
+
+    @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
         return [torch.bfloat16, torch.float16]
 

@@ -176,24 +176,6 @@ class Result:
     seconds: float = 0.0
 
 
-def _rng_state_shim() -> None:
-    """OpInfo's random-op wrappers save and restore every backend's RNG state; lazyxla's backend
-    module (lazyxla/_src/tensor.py) has no get_rng_state/set_rng_state yet: provide them here."""
-    mod = torch.get_device_module(DEV.type)
-    if hasattr(mod, "get_rng_state"):
-        return
-    from lazyxla._src import random_state
-
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.tensor(random_state.get_state(), dtype=torch.int64).view(torch.uint8)
-
-    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-        random_state.set_state(*state.view(torch.int64).tolist())
-
-    mod.get_rng_state = get_rng_state
-    mod.set_rng_state = set_rng_state
-
-
 def key_of(op: Any) -> str:
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
@@ -201,7 +183,6 @@ def key_of(op: Any) -> str:
 @functools.cache
 def op_db() -> dict[str, Any]:
     """`op_db` by entry key (the first entry wins on a duplicate key)."""
-    _rng_state_shim()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torch.testing._internal.common_methods_invocations import op_db as db

@@ -31,14 +31,28 @@ def _writes(op: OpOverload) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
+def _signature(op: OpOverload) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
+
+
 def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
+    """`add_.Tensor` → `add.Tensor`: the functional overload taking the same arguments.
+
+    Matched by argument names and types, not overload name: `pow_.Scalar` (Tensor self, Scalar
+    exponent) is not `pow.Scalar` (Scalar self, Tensor exponent).
+    """
     name = op._schema.name.split("::", 1)[1]
     if not name.endswith("_"):
         return None
     packet = getattr(aten, name[:-1], None)
     if packet is None:
         return None
-    return getattr(packet, op._overloadname, None)
+    want = _signature(op)
+    for ov in packet.overloads():
+        f = getattr(packet, ov)
+        if not _writes(f) and _signature(f) == want:
+            return f
+    return None
 
 
 def _functional_of_out(op: OpOverload) -> OpOverload | None:
