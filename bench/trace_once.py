@@ -28,6 +28,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import models as models_bench  # noqa: E402
 from step import _interleaved_ms, _warm  # noqa: E402
 
 import lazyxla  # noqa: E402
@@ -36,6 +37,17 @@ from lazyxla._src.tensor import read, state  # noqa: E402
 from lazyxla.demo import CONFIG as DECODER_CONFIG  # noqa: E402
 from lazyxla.demo import copy_batch  # noqa: E402
 from lazyxla.models import MLP, Decoder  # noqa: E402
+
+
+def _hf(make: Callable[[], torch.nn.Module]) -> dict:
+    b = models_bench._text_batch(torch.Generator().manual_seed(0), mlm=False)
+    return dict(
+        make=make,
+        opt=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+        batch=(b["input_ids"], b["attention_mask"], b["labels"]),
+        loss=lambda m, i, a, y: m(input_ids=i, attention_mask=a, labels=y).loss,
+        train=True,
+    )
 
 
 def _workloads() -> dict[str, dict]:
@@ -57,6 +69,8 @@ def _workloads() -> dict[str, dict]:
             loss=lambda m, x, y: m.loss(x, y),
             train=True,
         ),
+        "Llama train (transformers)": _hf(models_bench._llama),
+        "GPT-2 train (transformers)": _hf(models_bench._gpt2),
         "Decoder inference": dict(
             make=lambda: Decoder(DECODER_CONFIG),
             opt=None,
@@ -67,9 +81,17 @@ def _workloads() -> dict[str, dict]:
     }
 
 
+def _to(model: torch.nn.Module, device: str | torch.device) -> torch.nn.Module:
+    """`model.to(device)`, re-tying shared weights (moving to an XLA device unties them)."""
+    model = model.to(device)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model
+
+
 def _step_fn(spec: dict, device: str | torch.device, compile_backend: str | None, options=None):
     torch.manual_seed(0)
-    model = spec["make"]().to(device)
+    model = _to(spec["make"](), device)
     batch = tuple(t.to(device) for t in spec["batch"])
 
     def run(*b: torch.Tensor) -> torch.Tensor:
@@ -106,7 +128,7 @@ def _lazy_limit(spec: dict) -> Callable[[], None]:
     """Record one step without syncing and keep its (cached) executable."""
     torch.manual_seed(0)
     dev = lazyxla.device()
-    model = spec["make"]().to(dev)
+    model = _to(spec["make"](), dev)
     batch = tuple(t.to(dev) for t in spec["batch"])
     run = torch.compile(
         lambda *b: spec["loss"](model, *b), backend="lazyxla", options={"sync": False}

@@ -292,3 +292,10 @@ def test_inductor_still_works_after_import():
     f = torch.compile(lambda x: (x * 2).sin().sum(), backend="inductor")
     x = torch.randn(10)
     torch.testing.assert_close(f(x), (x * 2).sin().sum())
+
+
+def test_shape_cache_tells_int_from_float_statics():
+    # 4 == 4.0 as dict keys: a float arange must not reuse an int arange's spec, or vice versa.
+    assert torch.arange(4.0, device=dev).dtype == torch.float32
+    assert torch.arange(4, device=dev).dtype == torch.int64
+    assert torch.arange(4.0, device=dev).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]

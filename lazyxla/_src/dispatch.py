@@ -102,6 +102,8 @@ def _sig(v: Any) -> Any:
         return tuple(map(_sig, v))
     if isinstance(v, float):
         return (float,)  # a scalar's value never changes a shape; its type changes a dtype
+    if isinstance(v, (bool, int)):
+        return (type(v), v)  # 4, 4.0 and True == 1 are equal dict keys: keep the type apart
     if isinstance(v, torch.Generator):
         return None
     return v
@@ -168,7 +170,10 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
     # (arange's end): those stay in the key.
     key = (
         op,
-        *[v if a.kind == STATIC and type(v) is float else _sig(v) for a, v in zip(specs, vals)],
+        *[
+            (float, v) if a.kind == STATIC and type(v) is float else _sig(v)
+            for a, v in zip(specs, vals)
+        ],
     )
     hit = _META_CACHE.get(key, _MISS)
     if hit is not _MISS:
