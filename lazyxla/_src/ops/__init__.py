@@ -104,6 +104,9 @@ def install() -> None:
         if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
             dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))
     special.install()
+    from .. import autocast
+
+    autocast.install()
 
 
 def register_lowering(op: OpOverload, rule, **options) -> None:
