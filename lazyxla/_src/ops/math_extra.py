@@ -12,6 +12,7 @@ import torch
 from jax import lax
 
 from ..runtime import jnp_dtype
+from .reduction import _acc, _dims
 from .registry import lowering
 
 aten = torch.ops.aten
@@ -32,14 +33,6 @@ def _d(dim, n):
 
 def _ax(x, dim):
     return _d(dim, x.ndim) if x.ndim else 0
-
-
-def _dims(x, dim):
-    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
-        return None
-    if isinstance(dim, int):
-        dim = (dim,)
-    return tuple(_d(d, x.ndim) for d in dim) if x.ndim else None
 
 
 # --- elementwise ----------------------------------------------------------------------------------
@@ -324,14 +317,6 @@ def prelu_backward(grad, x, weight):
 
 
 # --- reductions, scans, order statistics ---------------------------------------------------------
-
-
-def _acc(x, dtype):
-    if dtype is not None:
-        return x.astype(jnp_dtype(dtype))
-    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
-        return x.astype(jnp.int64)
-    return x
 
 
 @lowering(aten.nansum.default)
