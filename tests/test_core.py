@@ -299,3 +299,29 @@ def test_shape_cache_tells_int_from_float_statics():
     assert torch.arange(4.0, device=dev).dtype == torch.float32
     assert torch.arange(4, device=dev).dtype == torch.int64
     assert torch.arange(4.0, device=dev).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_buffer_donation_keeps_every_live_tensor_valid():
+    config.FLAGS.set("donate_buffers", True)
+    try:
+        w_cpu = torch.randn(16, 16)
+        w = w_cpu.to(dev)
+        alias = w.detach()  # shares w's storage: sees the update, is not a second holder
+        snapshot = w * 1  # a pending copy, synced with the update
+        met.clear_all()
+        for _ in range(3):
+            w.mul_(0.5).add_(1.0)
+            lazyxla.sync()
+        expected = w_cpu.clone()
+        for _ in range(3):
+            expected = expected * 0.5 + 1.0
+        torch.testing.assert_close(w.cpu(), expected)
+        torch.testing.assert_close(alias.cpu(), expected)
+        torch.testing.assert_close(snapshot.cpu(), w_cpu)
+        assert met.metric_data("InputOutputAliasCount").accumulator >= 2  # w's old buffer reused
+        kept = torch.randn(16, 16).to(dev)  # a tensor that stays: its buffer is never donated
+        (kept + 1).sum()
+        lazyxla.sync()
+        assert kept.cpu().shape == (16, 16)
+    finally:
+        config.FLAGS.set("donate_buffers", False)

@@ -39,6 +39,13 @@ _FLAGS: dict[str, Flag] = {
         False,
         "Start in SPMD mode, as if torch_xla.runtime.use_spmd() were called at import.",
     ),
+    "donate_buffers": Flag(
+        "LAZYXLA_DONATE_BUFFERS",
+        bool,
+        False,
+        "Experimental: let a sync's executable reuse (donate) the device buffers of tensors it "
+        "overwrites, as torch_xla does (faster steps, less memory). See Note [Buffer donation].",
+    ),
     "metrics_file": Flag(
         "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
     ),

@@ -121,6 +121,7 @@ class Trace:
             elif n.meta is not None:  # a random op's (seed, offset), see ir.rng_scalar
                 self.leaves.append(_Leaf(n.meta[0], node=n))
             else:
+                n.meta = graph.KEEP  # replayed every call: never donate its buffer
                 self.leaves.append(_Leaf("const", node=n))
         self.out_specs = tuple(n.specs[k] for n, k in roots)
         self.program = Program(

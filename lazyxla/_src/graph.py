@@ -18,6 +18,7 @@ argument count.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +27,7 @@ import jax
 import numpy as np
 
 from . import metrics, step_closures
+from .config import FLAGS
 from .ir import DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
@@ -59,10 +61,33 @@ def set_allow_execution(allow: bool) -> None:
     _allow_execution = allow
 
 
+# Note [Buffer donation]
+# With LAZYXLA_DONATE_BUFFERS=1, a full sync donates the buffers of inputs nothing will read
+# again: a device-data node that no live tensor holds as its value (its tensor was overwritten, as
+# a parameter is by optimizer.step()) is reachable only through the graph being run, so XLA may
+# write an output into its buffer. A stale view (its cached value may still read old data) turns
+# donation off for that sync; data a trace-once graph keeps as a constant is never donated
+# (`node.meta == KEEP`). Only inputs whose spec matches an output are donated, so XLA can alias
+# every one. The donation mask is part of the graph key. Partial syncs (`.item()`) never donate.
+KEEP = "keep"
+
+
+def _held_data() -> set[int] | None:
+    """Ids of the device-data nodes some live tensor holds (None: donate nothing this sync)."""
+    held: set[int] = set()
+    for s in live_states():
+        node = s.value[0]
+        if s.base is not None and s.seen != s.base.version:
+            return None
+        if node.op == DEVICE_DATA:
+            held.add(id(node))
+    return held
+
+
 class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
-    def __init__(self, states: list[LazyState]) -> None:
+    def __init__(self, states: list[LazyState], donate: bool = False) -> None:
         root_index: dict[tuple[int, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
@@ -99,12 +124,49 @@ class Capture:
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
-        self.key = (tuple(parts), tuple(self.roots), self.out_shardings)
+        self.donate = self._donation(nodes, root_values) if donate else ()
+        self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         self.data = data
         self.scalars = [np.asarray(v, dtype=dt) for dt, v in scalars.items()]
 
+    @staticmethod
+    def _donation(nodes: list[Node], root_values: list[tuple[Node, int]]) -> tuple[bool, ...]:
+        """One flag per data input: may XLA reuse its buffer? See Note [Buffer donation]."""
+        held = _held_data()
+        data_nodes = [n for n in nodes if n.op == DEVICE_DATA]
+        if held is None:
+            return (False,) * len(data_nodes)
+        free = collections.Counter(n.specs[k] for n, k in root_values)
+        mask = []
+        for n in data_nodes:
+            ok = id(n) not in held and n.meta != KEEP and free[n.specs[0]] > 0
+            if ok:
+                free[n.specs[0]] -= 1
+            mask.append(ok)
+        return tuple(mask)
+
     def program(self) -> Program:
         return Program(self.nodes, self.pos, self.roots, self.out_shardings)
+
+    def args(self) -> tuple:
+        """The executable's arguments: (donated data, kept data, scalars) or (data, scalars)."""
+        if not any(self.donate):
+            return (self.data, self.scalars)
+        donated = [a for a, d in zip(self.data, self.donate) if d]
+        kept = [a for a, d in zip(self.data, self.donate) if not d]
+        return (donated, kept, self.scalars)
+
+    def function(self) -> Any:
+        run = self.program().function()
+        if not any(self.donate):
+            return jax.jit(run)
+        mask = self.donate
+
+        def split_run(donated: list, kept: list, scalars: list) -> list:
+            it_d, it_k = iter(donated), iter(kept)
+            return run([next(it_d) if d else next(it_k) for d in mask], scalars)
+
+        return jax.jit(split_run, donate_argnums=(0,))
 
 
 def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState]:
@@ -125,8 +187,7 @@ def compile_capture(cap: Capture) -> Any:
         return exe
     metrics.counter_inc("UncachedCompile")
     with metrics.timed("CompileTime"):
-        fn = jax.jit(cap.program().function())
-        exe = fn.lower(cap.data, cap.scalars).compile()
+        exe = cap.function().lower(*cap.args()).compile()
     metrics.counter_inc("CreateCompileHandles")
     CACHE.entries[cap.key] = exe
     return exe
@@ -143,11 +204,13 @@ def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
             "Function execution is not allowed: an operation forced the pending graph to run "
             "inside a region compiled with full_graph=True (or after set_allow_execution(False))"
         )
-    cap = Capture(pending)
+    cap = Capture(pending, donate=states is None and FLAGS.donate_buffers)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     exe = compile_capture(cap)
+    if cap.donate:
+        metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
     t0 = time.perf_counter_ns()
-    outs = exe(cap.data, cap.scalars)
+    outs = exe(*cap.args())
     if wait:
         jax.block_until_ready(outs)
     metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
