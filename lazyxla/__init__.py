@@ -7,29 +7,17 @@ from ._src.ops import install as _install
 
 _install()
 
-from . import debug as debug  # noqa: E402
+from . import debug as debug
 from ._src.api import apply_environment as _apply_environment
 from ._src.api import compile as compile  # noqa: A001  (torch_xla.compile)
-from ._src.api import (  # noqa: E402
-    device as device,
-)
-from ._src.api import (
-    device_count as device_count,
-)
-from ._src.api import (
-    devices as devices,
-)
+from ._src.api import device as device
+from ._src.api import device_count as device_count
+from ._src.api import devices as devices
 from ._src.api import launch as launch
-from ._src.api import (
-    manual_seed as manual_seed,
-)
-from ._src.api import (
-    real_devices as real_devices,
-)
+from ._src.api import manual_seed as manual_seed
+from ._src.api import real_devices as real_devices
 from ._src.api import step as step
-from ._src.api import (
-    sync as sync,
-)
+from ._src.api import sync as sync
 
 _apply_environment()  # XLA_USE_SPMD, XLA_METRICS_FILE
 
