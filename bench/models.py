@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax
 import torch
 import transformers
+from _timing import interleaved_ms, warm
 from rich.console import Console
 from rich.table import Table
 
@@ -156,32 +155,13 @@ class Workload:
         return loss.detach()
 
 
-def _warm(fn: Callable[[], object], warmup: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-    return time.perf_counter() - t0
-
-
-def _interleaved_ms(modes: dict[str, Callable[[], object]], rounds: int, per_round: int) -> dict:
-    """Median ms per call of each mode; each round times `per_round` calls of every mode in turn."""
-    samples: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(rounds):
-        for mode, fn in modes.items():
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                fn()
-                samples[mode].append(time.perf_counter() - t0)
-    return {m: statistics.median(v) * 1e3 for m, v in samples.items()}
-
-
 EAGER, LAZY, LIMIT = "eager (CPU)", "lazyxla (record + sync + wait)", "limit (cached executable)"
 
 
 def prepare(make_model, make_batch, warmup: int) -> tuple[dict, dict]:
     """Warm up every mode of one workload; return `({mode: step fn}, {mode: note})`."""
     eager = Workload(make_model, make_batch, torch.device("cpu"))
-    _warm(eager.step, warmup)
+    warm(eager.step, warmup)
 
     lazy = Workload(make_model, make_batch, lazyxla.device())
 
@@ -191,7 +171,7 @@ def prepare(make_model, make_batch, warmup: int) -> tuple[dict, dict]:
 
     compiles0 = metrics.counter_value("UncachedCompile") or 0
     runs0 = metrics.counter_value("ExecuteComputation") or 0
-    warm_s = _warm(lazy_step, warmup)
+    warm_s = warm(lazy_step, warmup)
     compiles = (metrics.counter_value("UncachedCompile") or 0) - compiles0
     runs = (metrics.counter_value("ExecuteComputation") or 0) - runs0
     fallbacks = metrics.executed_fallback_ops()
@@ -243,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         with console.status(f"{name}: warming up (compiles)"):
             modes, notes = prepare(make_model, make_batch, args.warmup)
         with console.status(f"{name}: timing"):
-            ms = _interleaved_ms(modes, args.rounds, args.per_round)
+            ms = interleaved_ms(modes, args.rounds, args.per_round)
         table = Table(
             title=f"{name}, AdamW: median of {n} steps per mode ({args.rounds} interleaved "
             f"rounds), after {args.warmup} warm-up; eager on {args.torch_threads} thread(s)"

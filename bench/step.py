@@ -16,13 +16,12 @@ modes are timed in interleaved rounds, so that a change of load on a shared mach
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
 import torch
 import torch.nn.functional as F
+from _timing import interleaved_ms, warm
 from rich.console import Console
 from rich.table import Table
 
@@ -34,30 +33,6 @@ from lazyxla.demo import copy_batch
 from lazyxla.models import MLP, Decoder
 
 Step = Callable[[], torch.Tensor]
-
-
-def _warm(fn: Callable[[], object], warmup: int) -> float:
-    """Call `fn` `warmup` times (compiles happen here); return the seconds it took."""
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-    return time.perf_counter() - t0
-
-
-def _interleaved_ms(modes: dict[str, Callable[[], object]], rounds: int, per_round: int) -> dict:
-    """Median ms per call of each mode, timed in interleaved rounds.
-
-    The machine is shared: timing the modes one after another would let a change of load land on
-    one of them. Each round times `per_round` calls of every mode in turn.
-    """
-    samples: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(rounds):
-        for mode, fn in modes.items():
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                fn()
-                samples[mode].append(time.perf_counter() - t0)
-    return {m: statistics.median(v) * 1e3 for m, v in samples.items()}
 
 
 class Workload:
@@ -109,13 +84,13 @@ def prepare(spec: dict, warmup: int, inductor: bool) -> tuple[dict, dict]:
     eager = Workload("eager", device="cpu", **spec)
     modes["eager (CPU)"] = eager.step
     notes["eager (CPU)"] = ""
-    _warm(eager.step, warmup)
+    warm(eager.step, warmup)
 
     if inductor:
         ind = Workload("inductor", device="cpu", **spec)
         compiled = torch.compile(ind.step, backend="inductor")
         modes["torch.compile (inductor)"] = compiled
-        notes["torch.compile (inductor)"] = f"warm-up incl. compile {_warm(compiled, warmup):.0f} s"
+        notes["torch.compile (inductor)"] = f"warm-up incl. compile {warm(compiled, warmup):.0f} s"
 
     lazy = Workload("lazyxla", device=lazyxla.device(), **spec)
 
@@ -124,7 +99,7 @@ def prepare(spec: dict, warmup: int, inductor: bool) -> tuple[dict, dict]:
         lazyxla.sync(wait=True)
 
     before = metrics.counter_value("UncachedCompile") or 0
-    warm_s = _warm(lazy_step, warmup)
+    warm_s = warm(lazy_step, warmup)
     compiles = (metrics.counter_value("UncachedCompile") or 0) - before
     modes["lazyxla (record + sync + wait)"] = lazy_step
     notes["lazyxla (record + sync + wait)"] = f"{compiles} compile(s) in warm-up ({warm_s:.0f} s)"
@@ -159,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         with console.status(f"{name}: warming up (compiles)"):
             modes, notes = prepare(spec, args.warmup, not args.no_inductor)
         with console.status(f"{name}: timing"):
-            ms = _interleaved_ms(modes, args.rounds, args.per_round)
+            ms = interleaved_ms(modes, args.rounds, args.per_round)
 
         eager = ms["eager (CPU)"]
         table = Table(

@@ -30,7 +30,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 
 import models as models_bench  # noqa: E402
-from step import _interleaved_ms, _warm  # noqa: E402
+from _timing import interleaved_ms, warm  # noqa: E402
 
 import lazyxla  # noqa: E402
 from lazyxla._src import graph  # noqa: E402
@@ -194,11 +194,11 @@ def main(argv: list[str] | None = None) -> None:
             )
         with console.status(f"{name}: warm-up (compiles)"):
             for fn in modes.values():
-                _warm(fn, args.warmup)
+                warm(fn, args.warmup)
             modes["limit"] = _lazy_limit(spec)
-            _warm(modes["limit"], 2)
+            warm(modes["limit"], 2)
         with console.status(f"{name}: timing"):
-            ms = _interleaved_ms(modes, args.rounds, args.per_round)
+            ms = interleaved_ms(modes, args.rounds, args.per_round)
         table = Table(title=f"{name}: median ms per step")
         for col in ("mode", "ms", "vs eager", "vs limit"):
             table.add_column(col, justify="right" if col != "mode" else "left")
