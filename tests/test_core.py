@@ -325,3 +325,23 @@ def test_buffer_donation_keeps_every_live_tensor_valid():
         assert kept.cpu().shape == (16, 16)
     finally:
         config.FLAGS.set("donate_buffers", False)
+
+
+def test_graph_cache_is_bounded_lru():
+    old = config.FLAGS.compilation_cache_size
+    config.FLAGS.set("compilation_cache_size", 2)
+    try:
+        graph.CACHE.clear()
+        met.clear_all()
+        x = torch.randn(4).to(dev)
+        programs = [lambda t: t + 2, lambda t: t * 3, lambda t: t.exp()]
+        for f in programs:  # three graphs, room for two: the first is evicted
+            f(x).cpu()
+        assert len(graph.CACHE) == 2
+        assert met.counter_value("CompilationCacheEvict") == 1
+        programs[2](x).cpu()  # still cached
+        assert met.counter_value("UncachedCompile") == 3
+        torch.testing.assert_close(programs[0](x).cpu(), x.cpu() + 2)  # recompiled, counted
+        assert met.counter_value("UncachedCompile") == 4
+    finally:
+        config.FLAGS.set("compilation_cache_size", old)

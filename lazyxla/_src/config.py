@@ -46,6 +46,12 @@ _FLAGS: dict[str, Flag] = {
         "Experimental: let a sync's executable reuse (donate) the device buffers of tensors it "
         "overwrites, as torch_xla does (faster steps, less memory). See Note [Buffer donation].",
     ),
+    "compilation_cache_size": Flag(
+        "XLA_COMPILATION_CACHE_SIZE",
+        int,
+        1024,
+        "How many compiled graphs to keep in memory; the least recently used is evicted first.",
+    ),
     "metrics_file": Flag(
         "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
     ),

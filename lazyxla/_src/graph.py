@@ -36,13 +36,30 @@ from .tensor import LazyState, bind_data, live_states, read
 
 
 class GraphCache:
-    """In-memory map from graph key to compiled executable."""
+    """In-memory map from graph key to compiled executable, least recently used evicted first.
+
+    Bounded (XLA_COMPILATION_CACHE_SIZE, torch_xla's name and default, 1024): a program that makes
+    thousands of distinct graphs must not hold every executable until the compiler runs out of
+    memory. An evicted graph that comes back compiles again (counted as UncachedCompile).
+    """
 
     def __init__(self) -> None:
-        self.entries: dict[tuple, Any] = {}
+        self.entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def get(self, key: tuple) -> Any:
+        exe = self.entries.get(key)
+        if exe is not None:
+            self.entries.move_to_end(key)
+        return exe
+
+    def put(self, key: tuple, exe: Any) -> None:
+        self.entries[key] = exe
+        while len(self.entries) > max(1, FLAGS.compilation_cache_size):
+            self.entries.popitem(last=False)
+            metrics.counter_inc("CompilationCacheEvict")
 
     def clear(self) -> None:
         self.entries.clear()
@@ -181,7 +198,7 @@ def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState
 
 def compile_capture(cap: Capture) -> Any:
     """The executable for `cap`, from the cache or freshly compiled (counted either way)."""
-    exe = CACHE.entries.get(cap.key)
+    exe = CACHE.get(cap.key)
     if exe is not None:
         metrics.counter_inc("CachedCompile")
         return exe
@@ -189,7 +206,7 @@ def compile_capture(cap: Capture) -> Any:
     with metrics.timed("CompileTime"):
         exe = cap.function().lower(*cap.args()).compile()
     metrics.counter_inc("CreateCompileHandles")
-    CACHE.entries[cap.key] = exe
+    CACHE.put(cap.key, exe)
     return exe
 
 
