@@ -105,22 +105,38 @@ def empty_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_
 
 @lowering(aten.arange.start_step, static=("start", "end", "step"))
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is not None and not dtype.is_floating_point and not dtype.is_complex:
+        start, end, step = int(start), int(end), int(step)  # eager: integer bounds and step
     return jnp.arange(start, end, step, dtype=_dt(dtype) if dtype is not None else None)
 
 
 @lowering(aten.arange.default, static=("end",))
 def arange_end(end, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.arange(end, dtype=_dt(dtype) if dtype is not None else None)
+    return arange(0, end, 1, dtype)
 
 
 @lowering(aten.arange.start, static=("start", "end"))
 def arange_start(start, end, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.arange(start, end, dtype=_dt(dtype) if dtype is not None else None)
+    return arange(start, end, 1, dtype)
 
 
 @lowering(aten.linspace.default, static=("start", "end"))
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.linspace(start, end, steps, dtype=_dt(dtype))
+    dt = _dt(dtype)
+    if jnp.issubdtype(dt, jnp.integer):  # eager: integer bounds, a float64 step, truncation
+        return eager_linspace(int(start), int(end), steps, jnp.float64).astype(dt)
+    acc = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt  # rounded once
+    return eager_linspace(start, end, steps, acc).astype(dt)
+
+
+def eager_linspace(start, end, steps, acc):
+    """Eager's formula: start + i * step for the first half, end - (steps - 1 - i) * step for
+    the second (so both ends are exact), in dtype `acc`."""
+    if steps <= 1:
+        return jnp.full((steps,), start, acc)
+    i = jnp.arange(steps, dtype=acc)
+    step = jnp.asarray((end - start) / (steps - 1), acc)
+    return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
 
 
 @lowering(aten.eye.default)

@@ -96,7 +96,7 @@ _BINARY = {
     aten.atan2.default: jnp.arctan2,
     aten.hypot.default: jnp.hypot,
     aten.copysign.Tensor: jnp.copysign,
-    aten.nextafter.default: jnp.nextafter,
+    aten.copysign.Scalar: jnp.copysign,
     aten.xlogy.Tensor: jax.scipy.special.xlogy,
 }
 
@@ -156,8 +156,33 @@ def _div(x, y, rounding_mode=None):
         return jnp.true_divide(x, y)
     q = jnp.true_divide(x, y) if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) else None
     if rounding_mode == "trunc":
-        return jnp.trunc(q) if q is not None else lax.div(*_pair(x, y))
-    return jnp.floor(q) if q is not None else jnp.floor_divide(x, y)
+        if q is None:
+            return lax.div(*jnp.broadcast_arrays(*_pair(x, y)))
+        return _div_trunc_float(*_pair(x, y), q)
+    return _div_floor_float(*_pair(x, y)) if q is not None else jnp.floor_divide(x, y)
+
+
+# Note [Exact quotients]: XLA rewrites a / broadcast(b) as a * broadcast(1 / b), a quotient that
+# can land an ulp under an integer (5.125 / 5.125 -> 0.99999994), which trunc/floor would turn
+# into the integer below. The quotient of a - fmod(a, b), an exact multiple of b, is rounded
+# instead: robust to that ulp, and equal to eager's where eager's quotient is exact.
+
+
+def _div_trunc_float(a, b, q):
+    """trunc(a / b) (Note [Exact quotients]); q is a / b."""
+    fixed = jnp.round((a - jnp.fmod(a, b)) / b)
+    return jnp.where(jnp.isfinite(q), jnp.copysign(fixed, q), q)
+
+
+def _div_floor_float(a, b):
+    """Eager's div_floor_floating (Note [Exact quotients])."""
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floordiv = jnp.floor(div)
+    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    floordiv = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floordiv)
+    return jnp.where(b == 0, a / b, floordiv)
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)
@@ -333,7 +358,12 @@ def logit(x, eps=None):
     return jnp.log(x / (1 - x))
 
 
-@lowering(aten.nan_to_num.default)
+# nextafter steps one ulp of its own dtype; nan_to_num's default bounds are its dtype's (Note
+# [Opmath]: both keep bf16/fp16).
+register(aten.nextafter.default, jnp.nextafter, opmath=False)
+
+
+@lowering(aten.nan_to_num.default, opmath=False)
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import torch
 
@@ -91,6 +93,34 @@ def gather(x, dim, index, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis=d)
 
 
+def _scalar_as_1d(fn):
+    """Run a scatter lowering on a 0-d self as on shape (1,) (PyTorch treats a 0-d self, index
+    and src as 1-element vectors along dim 0 or -1)."""
+
+    @functools.wraps(fn)
+    def wrapped(x, dim, index, src, *args, **kwargs):
+        if x.ndim:
+            return fn(x, dim, index, src, *args, **kwargs)
+        src = src if isinstance(src, (bool, int, float)) else src.reshape(-1)
+        return fn(x.reshape(1), 0, index.reshape(-1), src, *args, **kwargs).reshape(())
+
+    return wrapped
+
+
+def _bool_via_int(fn):
+    """Run a scatter reduction on bool tensors in int32: sum/add then is `or`, prod/multiply
+    `and`, amax/amin `or`/`and` (as eager computes them), read back as != 0."""
+
+    @functools.wraps(fn)
+    def wrapped(x, dim, index, src, *args, **kwargs):
+        if x.dtype != jnp.bool_:
+            return fn(x, dim, index, src, *args, **kwargs)
+        src = src if isinstance(src, (bool, int, float)) else src.astype(jnp.int32)
+        return fn(x.astype(jnp.int32), dim, index, src, *args, **kwargs) != 0
+
+    return wrapped
+
+
 def _scatter_idx(x, dim, index):
     dim = _d(dim, x.ndim)
     grids = jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij")
@@ -99,9 +129,8 @@ def _scatter_idx(x, dim, index):
 
 
 @lowering(aten.scatter.src, aten.scatter.value)
+@_scalar_as_1d
 def scatter(x, dim, index, src):
-    if x.ndim == 0:
-        return jnp.asarray(src, x.dtype).reshape(())
     src = (
         jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape)
         if jnp.ndim(src) == 0
@@ -111,23 +140,29 @@ def scatter(x, dim, index, src):
 
 
 @lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+@_scalar_as_1d
+@_bool_via_int
 def scatter_reduce_(x, dim, index, src, reduce):
     src = (
         jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape)
         if jnp.ndim(src) == 0
-        else src[tuple(slice(0, s) for s in index.shape)]
+        else src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
     )
     ref = x.at[_scatter_idx(x, dim, index)]
     return ref.add(src) if reduce == "add" else ref.multiply(src)
 
 
 @lowering(aten.scatter_add.default)
+@_scalar_as_1d
+@_bool_via_int
 def scatter_add(x, dim, index, src):
     src = src[tuple(slice(0, s) for s in index.shape)]
     return x.at[_scatter_idx(x, dim, index)].add(src.astype(x.dtype))
 
 
 @lowering(aten.scatter_reduce.two)
+@_scalar_as_1d
+@_bool_via_int
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     src = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
     idx = _scatter_idx(x, dim, index)

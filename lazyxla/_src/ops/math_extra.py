@@ -12,6 +12,7 @@ import torch
 from jax import lax
 
 from ..runtime import jnp_dtype
+from . import creation, linalg
 from .reduction import _acc, _dims
 from .registry import lowering
 
@@ -133,7 +134,7 @@ def bitwise_right_shift(x, y):
     return jnp.where(big, sat, jnp.right_shift(x, jnp.where(big, 0, y)))
 
 
-@lowering(aten.frexp.Tensor)
+@lowering(aten.frexp.Tensor, opmath=False)  # the mantissa/exponent split of its own dtype
 def frexp(x):
     m, e = jnp.frexp(x)
     return m, e.astype(jnp.int32)
@@ -266,7 +267,7 @@ def polar(r, theta):
 
 @lowering(aten.complex.default)
 def complex_(re, im):
-    return lax.complex(re, im)
+    return lax.complex(*jnp.broadcast_arrays(re, im))
 
 
 @lowering(aten.trace.default)
@@ -287,10 +288,7 @@ def renorm(x, p, dim, maxnorm):
 
 @lowering(aten.addmv.default)
 def addmv(bias, mat, vec, *, beta=1, alpha=1):
-    out = jnp.matmul(mat, vec, precision=lax.Precision.HIGHEST) * alpha
-    if type(beta) in (int, float) and beta == 0:
-        return out
-    return out + bias * beta
+    return linalg.add_scaled(linalg.matmul_opmath(mat, vec), bias, beta, alpha)
 
 
 @lowering(aten.glu.default)
@@ -530,10 +528,13 @@ def logspace(
     start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None
 ):
     dt = jnp_dtype(dtype if dtype is not None else torch.get_default_dtype())
-    if jnp.issubdtype(dt, jnp.integer):
-        exps = jnp.linspace(start, end, steps, dtype=jnp.float64)
-        return jnp.power(base, exps).astype(dt)
-    return jnp.logspace(start, end, steps, base=base, dtype=dt)
+    if jnp.issubdtype(dt, jnp.integer):  # eager: integer bounds, float64 exponents
+        exps = creation.eager_linspace(int(start), int(end), steps, jnp.float64)
+        return jnp.power(float(base), exps).astype(dt)
+    acc = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt  # rounded once
+    return jnp.power(
+        jnp.asarray(base, acc), creation.eager_linspace(start, end, steps, acc)
+    ).astype(dt)
 
 
 def _tri_indices(row, col, offset, lower):

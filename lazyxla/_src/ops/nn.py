@@ -155,7 +155,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     )
 
 
-@lowering(aten._fused_rms_norm.default)
+@lowering(aten._fused_rms_norm.default, opmath=False)  # eps defaults to the input dtype's
 def fused_rms_norm(x, normalized_shape, weight, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
@@ -183,6 +183,10 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return out
 
 
+def _acc_type(x):
+    return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nd = x.ndim - 2
     spatial = "DHW"[-nd:] if nd <= 3 else None
@@ -206,6 +210,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
             dimension_numbers=dn,
             feature_group_count=groups,
             precision=lax.Precision.HIGHEST,
+            preferred_element_type=_acc_type(x),
         )
     # Transposed conv = gradient of conv w.r.t. its input: dilate input by stride, flip the kernel.
     op = list(output_padding) if output_padding else [0] * nd
@@ -232,10 +237,12 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         dimension_numbers=dn2,
         feature_group_count=groups,
         precision=lax.Precision.HIGHEST,
+        preferred_element_type=_acc_type(x),
     )
 
 
-@lowering(aten.convolution.default)
+# Convolutions keep bf16/fp16 inputs and accumulate in float32 (Note [Opmath]).
+@lowering(aten.convolution.default, opmath=False)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
@@ -243,7 +250,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     return out
 
 
-@lowering(aten.convolution_backward.default)
+@lowering(aten.convolution_backward.default, opmath=False)
 def convolution_backward(
     grad,
     x,
@@ -257,13 +264,20 @@ def convolution_backward(
     groups,
     output_mask,
 ):
-    _, vjp = jax.vjp(
+    out, vjp = jax.vjp(
         lambda x_, w_: _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups),
         x,
         w,
     )
-    gx, gw = vjp(grad)
-    gb = jnp.sum(grad, axis=(0,) + tuple(range(2, grad.ndim))) if output_mask[2] else None
+    gx, gw = vjp(grad.astype(out.dtype))
+    gb = (
+        jnp.sum(
+            grad.astype(jnp.float32) if _acc_type(x) else grad,
+            axis=(0,) + tuple(range(2, grad.ndim)),
+        )
+        if output_mask[2]
+        else None
+    )
     return _present(gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
 
 

@@ -22,7 +22,9 @@ def _dims(x, dim):
 
 def _acc(x, dtype):
     if dtype is not None:
-        return x.astype(jnp_dtype(dtype))
+        dt = jnp_dtype(dtype)
+        # A bf16/fp16 `dtype=` still accumulates in float32 (Note [Opmath]).
+        return x.astype(jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt)
     if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
         return x.astype(jnp.int64)
     return x
@@ -80,15 +82,17 @@ def min_all(x):
 
 @lowering(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
-    d = _dims(x, dim)
-    d = d[0] if d else 0
+    if x.ndim == 0:  # a 0-d tensor is its own max along dim 0 or -1, at index 0
+        return x, jnp.zeros((), jnp.int64)
+    d = _dims(x, dim)[0]
     return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
 
 
 @lowering(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
-    d = _dims(x, dim)
-    d = d[0] if d else 0
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _dims(x, dim)[0]
     return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
 
 
@@ -178,12 +182,16 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
 
 @lowering(aten.cumsum.default)
 def cumsum(x, dim, dtype=None):
-    return jnp.cumsum(_acc(x, dtype), axis=_dims(x, dim)[0] if x.ndim else None)
+    if x.ndim == 0:  # jnp flattens a 0-d input to shape (1,)
+        return _acc(x, dtype)
+    return jnp.cumsum(_acc(x, dtype), axis=_dims(x, dim)[0])
 
 
 @lowering(aten.cumprod.default)
 def cumprod(x, dim, dtype=None):
-    return jnp.cumprod(_acc(x, dtype), axis=_dims(x, dim)[0] if x.ndim else None)
+    if x.ndim == 0:
+        return _acc(x, dtype)
+    return jnp.cumprod(_acc(x, dtype), axis=_dims(x, dim)[0])
 
 
 @lowering(aten.sort.default)

@@ -12,10 +12,12 @@ naming the first site.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
 from torch._ops import OpOverload, OpOverloadPacket
 
 
@@ -35,6 +37,41 @@ class Lowering:
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
 
+# Note [Opmath]
+# ~~~~~~~~~~~~~
+# PyTorch computes bf16/fp16 math in float32 ("opmath") and rounds each op's output once. A rule
+# written in jnp would instead round every intermediate (a cumsum's running sum, a floor_divide's
+# quotient before the floor) to bf16, and drift from eager by many ulps. So the rules of the
+# families that compute (the modules below) get their bf16/fp16 array arguments as float32; the
+# interpreter casts the outputs to the recorded dtypes (lower.py). Data movement (views, indexing,
+# creation) is exact in any dtype and keeps its dtype; matmuls accumulate in float32 through
+# `preferred_element_type` (no upcast of their inputs, so TPUs keep their bf16 units); a rule that
+# depends on its input's own dtype (nextafter's ulp, rms_norm's default eps) opts out with
+# `opmath=False`. The explicit f32 -> bf16 -> f32 converts between two ops stay in the compiled
+# program (xla_allow_excess_precision only elides converts XLA inserted itself), so every op's
+# output is rounded once, where eager rounds it (tests/ops/test_ops_elementwise.py, bf16 chains).
+_OPMATH_MODULES = frozenset(
+    f"lazyxla._src.ops.{m}"
+    for m in ("elementwise", "reduction", "math_extra", "nn", "pooling", "linalg_extra", "foreach")
+)
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _up(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return type(v)(_up(x) for x in v)
+    return v.astype(jnp.float32) if getattr(v, "dtype", None) in _LOW else v
+
+
+def with_opmath(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """`rule` with its bf16/fp16 array arguments upcast to float32 (Note [Opmath])."""
+
+    @functools.wraps(rule)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return rule(*(_up(a) for a in args), **{k: _up(v) for k, v in kwargs.items()})
+
+    return run
+
 
 def is_const(v: Any, c: float) -> bool:
     """True if `v` is the Python number `c` (lifted scalars arrive traced: never constants)."""
@@ -52,14 +89,18 @@ def lowering(
     static: tuple[str, ...] = (),
     lift: tuple[str, ...] = (),
     random: bool = False,
+    opmath: bool | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register `rule` as the lowering of `ops` (a packet registers all its overloads)."""
+    """Register `rule` as the lowering of `ops` (a packet registers all its overloads).
+    `opmath`: see Note [Opmath] (None: by the rule's module)."""
 
     def deco(rule: Callable[..., Any]) -> Callable[..., Any]:
         site = f"{inspect.getsourcefile(rule)}:{inspect.getsourcelines(rule)[1]}"
         for packet in ops:
             for op in _overloads(packet):
-                register(op, rule, static=static, lift=lift, random=random, site=site)
+                register(
+                    op, rule, static=static, lift=lift, random=random, site=site, opmath=opmath
+                )
         return rule
 
     return deco
@@ -73,7 +114,10 @@ def register(
     lift: tuple[str, ...] = (),
     random: bool = False,
     site: str = "<table>",
+    opmath: bool | None = None,
 ) -> None:
     if op in LOWERINGS:
         raise RuntimeError(f"{op} already has a lowering, registered at {LOWERINGS[op].site}")
+    if opmath if opmath is not None else rule.__module__ in _OPMATH_MODULES:
+        rule = with_opmath(rule)
     LOWERINGS[op] = Lowering(op, rule, frozenset(static), frozenset(lift), random, site)
