@@ -134,6 +134,32 @@ def _meta_specs(out: Any) -> Any:
 _META_CACHE: dict[tuple, Any] = {}
 _MISS = object()
 
+# Ops whose meta kernel and eager CPU kernel disagree on output dtypes: the normalizations return
+# their saved mean/rstd in float32 on meta (CUDA's choice) but in the input's bf16/fp16 on CPU.
+# lazyxla follows eager CPU, its oracle.
+_aten = torch.ops.aten
+_STATS_IN_INPUT_DTYPE = frozenset(
+    (
+        _aten.native_layer_norm.default,
+        _aten.native_batch_norm.default,
+        _aten._native_batch_norm_legit.default,
+        _aten._native_batch_norm_legit.no_stats,
+        _aten._native_batch_norm_legit_no_training.default,
+        _aten._native_batch_norm_legit_functional.default,
+        _aten._batch_norm_with_update.default,
+        _aten._batch_norm_with_update_functional.default,
+    )
+)
+
+
+def _cpu_dtypes(op: OpOverload, vals: list[Any], out: Any) -> Any:
+    x = vals[0]
+    if op not in _STATS_IN_INPUT_DTYPE or x.dtype not in (torch.bfloat16, torch.float16):
+        return out
+    out = list(out)
+    out[1:3] = [TensorSpec(s.shape, x.dtype) for s in out[1:3]]
+    return tuple(out)
+
 
 def _all_meta(v: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.device.type == "cpu":
@@ -185,7 +211,7 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
         else:
             args.append(_to_meta(v))
     try:
-        out = _meta_specs(_run_meta(op, args, kwargs))
+        out = _cpu_dtypes(op, vals, _meta_specs(_run_meta(op, args, kwargs)))
     except NotImplementedError:
         if lw is None:
             raise

@@ -18,7 +18,7 @@ from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
 from .runtime import jnp_dtype
 
 # A program step: (kind, rule, input refs, args, kwargs, output dtypes, op name)
-DATA, SCAL, CONST, OP = range(4)
+DATA, SCAL, CONST, OP, EMPTY = range(5)
 
 
 class Program:
@@ -48,6 +48,12 @@ class Program:
                 self.steps.append((SCAL, scalar_slots[dt]))
             elif n.op == CONSTANT:
                 self.steps.append((CONST, n.args[0], jnp_dtype(n.specs[0].dtype)))
+            elif n.specs and all(0 in s.shape for s in n.specs):
+                # Every output is empty: its value is its shape. Rules need not handle the
+                # degenerate inputs that make it (a gather from an empty index, a 0-batch norm).
+                self.steps.append(
+                    (EMPTY, tuple((tuple(s.shape), jnp_dtype(s.dtype)) for s in n.specs))
+                )
             else:
                 refs = tuple((pos[id(i)], k) for i, k in n.inputs)
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
@@ -73,6 +79,8 @@ class Program:
                     si[slot] += 1
                 elif kind == CONST:
                     env.append((jnp.asarray(step[1], step[2]),))
+                elif kind == EMPTY:
+                    env.append(tuple(jnp.zeros(shape, dt) for shape, dt in step[1]))
                 else:
                     _, rule, refs, args, kwargs, dtypes, name, src = step
                     ins = [env[p][k] for p, k in refs]

@@ -25,7 +25,9 @@ _UNARY = {
     aten.log10.default: jnp.log10,
     aten.log1p.default: jnp.log1p,
     aten.sqrt.default: jnp.sqrt,
-    aten.rsqrt.default: lax.rsqrt,
+    aten.rsqrt.default: lambda x: lax.rsqrt(
+        x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+    ),
     aten.sin.default: jnp.sin,
     aten.cos.default: jnp.cos,
     aten.tan.default: jnp.tan,
@@ -43,8 +45,8 @@ _UNARY = {
     aten.erfc.default: jax.scipy.special.erfc,
     aten.erfinv.default: jax.scipy.special.erfinv,
     aten.reciprocal.default: jnp.reciprocal,
-    aten.sign.default: jnp.sign,
-    aten.sgn.default: jnp.sign,
+    aten.sign.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
+    aten.sgn.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
     aten.floor.default: jnp.floor,
     aten.ceil.default: jnp.ceil,
     aten.round.default: jnp.round,
@@ -58,7 +60,7 @@ _UNARY = {
     aten.isnan.default: jnp.isnan,
     aten.isinf.default: jnp.isinf,
     aten.lgamma.default: jax.scipy.special.gammaln,
-    aten.digamma.default: jax.scipy.special.digamma,
+    aten.digamma.default: lambda x: digamma(x),
     aten.signbit.default: jnp.signbit,
     aten.deg2rad.default: jnp.deg2rad,
     aten.rad2deg.default: jnp.rad2deg,
@@ -113,8 +115,40 @@ def _opmath(*xs):
     return out if len(out) != 1 else out[0]
 
 
+# Unary ops whose integer/bool input keeps its dtype; every other one computes an integer or bool
+# input in float32, as eager does (sigmoid(int64) is float32).
+_KEEPS_INT = {
+    aten.abs.default,
+    aten.neg.default,
+    aten.sign.default,
+    aten.sgn.default,
+    aten.floor.default,
+    aten.ceil.default,
+    aten.round.default,
+    aten.trunc.default,
+    aten.relu.default,
+    aten.logical_not.default,
+    aten.bitwise_not.default,
+    aten.isnan.default,
+    aten.isinf.default,
+    aten.signbit.default,
+}
+
+
+def digamma(x):
+    """digamma with eager's poles: -inf at +0, +inf at -0 (jax gives nan)."""
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x))
+
+
+def _float_in(x):
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+
+
 for _op, _fn in _UNARY.items():
-    register(_op, lambda x, _fn=_fn: _fn(_opmath(x)))
+    if _op in _KEEPS_INT:
+        register(_op, lambda x, _fn=_fn: _fn(_opmath(x)))
+    else:
+        register(_op, lambda x, _fn=_fn: _fn(_float_in(_opmath(x))))
 for _op, _fn in _BINARY.items():
     register(_op, lambda x, y, _fn=_fn: _fn(x, y))
 
@@ -214,12 +248,22 @@ def fmod(x, y):
 def pow_(x, y):
     if isinstance(y, (int, float)) and y == 2:
         return x * x
-    return jnp.power(x, y)
+    return _power(x, y)
 
 
 @lowering(aten.pow.Scalar)
 def pow_scalar(x, y):
-    return jnp.power(x, y)
+    return _power(x, y)
+
+
+def _power(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) or y.dtype == jnp.bool_:
+        return jnp.power(x, y)
+    # Integers: a negative exponent gives 0, except for bases 1 and -1 (eager's integral pow).
+    out = jnp.power(x, jnp.where(y < 0, 0, y))
+    neg = jnp.where(x == 1, 1, jnp.where(x == -1, jnp.where(y % 2 == 0, 1, -1), 0))
+    return jnp.where(y < 0, neg.astype(out.dtype), out)
 
 
 @lowering(aten.where.self)

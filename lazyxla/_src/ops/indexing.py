@@ -7,9 +7,16 @@ import functools
 import jax.numpy as jnp
 import torch
 
-from .registry import lowering
+from .registry import is_const, lowering
 
 aten = torch.ops.aten
+
+
+def _accumulate(x, idx, v):
+    """x.at[idx].add(v); on bool, `or` (eager's bool sum)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.int8).at[idx].max(jnp.asarray(v).astype(jnp.int8)) != 0
+    return x.at[idx].add(v)
 
 
 def _d(dim, n):
@@ -34,8 +41,7 @@ def index(x, indices):
 
 
 def _mask_put(x, indices, values, accumulate):
-    """`x[mask] = values` with one boolean mask and values that do not depend on the number of
-    selected elements (a scalar, or a row broadcast over them): a `where`, no dynamic shape."""
+    """`x[mask] = values` with one boolean mask: a `where`, no dynamic shape."""
     pos = [k for k, i in enumerate(indices) if i is not None]
     if len(pos) != 1 or any(i is not None for i in indices[pos[0] + 1 :]):
         raise NotImplementedError("boolean mask index_put mixed with other indices")
@@ -44,10 +50,18 @@ def _mask_put(x, indices, values, accumulate):
     # values broadcast against (x.shape[:p], N, *trail); N must broadcast (size 1 or absent).
     target_rank = p + 1 + len(trail)
     v = values.reshape((1,) * (target_rank - values.ndim) + values.shape)
-    if v.shape[p] != 1:
-        raise NotImplementedError("x[mask] = values with one value per selected element")
-    v = v.reshape(v.shape[:p] + (1,) * mask.ndim + v.shape[p + 1 :])
     m = mask.reshape((1,) * p + mask.shape + (1,) * len(trail))
+    if v.shape[p] != 1:
+        # One value per selected element (the backward of x[mask]): the k-th true position of
+        # the mask takes value k. N, the number selected, is static (values' shape).
+        n = v.shape[p]
+        if n == 0:
+            return x
+        k = jnp.clip(jnp.cumsum(mask.reshape(-1).astype(jnp.int32)) - 1, 0, n - 1)
+        v = jnp.broadcast_to(v, x.shape[:p] + (n,) + trail)
+        v = jnp.take(v, k, axis=p).reshape(x.shape).astype(x.dtype)
+        return jnp.where(m, x + v, x) if accumulate else jnp.where(m, v, x)
+    v = v.reshape(v.shape[:p] + (1,) * mask.ndim + v.shape[p + 1 :])
     v = jnp.broadcast_to(v, x.shape).astype(x.dtype)
     return jnp.where(m, x + v, x) if accumulate else jnp.where(m, v, x)
 
@@ -58,7 +72,7 @@ def index_put(x, indices, values, accumulate=False):
         return _mask_put(x, indices, values, accumulate)
     idx = _index_tuple(x, indices)
     values = values.astype(x.dtype)
-    return x.at[idx].add(values) if accumulate else x.at[idx].set(values)
+    return _accumulate(x, idx, values) if accumulate else x.at[idx].set(values)
 
 
 @lowering(aten._index_put_impl.default)
@@ -99,6 +113,8 @@ def _scalar_as_1d(fn):
 
     @functools.wraps(fn)
     def wrapped(x, dim, index, src, *args, **kwargs):
+        if index.size == 0:  # nothing scattered
+            return x
         if x.ndim:
             return fn(x, dim, index, src, *args, **kwargs)
         src = src if isinstance(src, (bool, int, float)) else src.reshape(-1)
@@ -214,7 +230,7 @@ def index_add(x, dim, index, source, alpha=1):
     idx = [slice(None)] * x.ndim
     idx[_d(dim, x.ndim)] = index
     src = source.reshape(x.shape[:0] + source.shape) if source.ndim else source
-    return x.at[tuple(idx)].add((src * alpha).astype(x.dtype))
+    return _accumulate(x, tuple(idx), src if is_const(alpha, 1) else (src * alpha).astype(x.dtype))
 
 
 @lowering(aten.index_copy.default)
@@ -272,7 +288,7 @@ def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
     i = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
-    out = flat.at[i].add(src) if accumulate else flat.at[i].set(src)
+    out = _accumulate(flat, i, src) if accumulate else flat.at[i].set(src)
     return out.reshape(x.shape)
 
 

@@ -12,7 +12,7 @@ import torch
 from jax import lax
 
 from ..runtime import jnp_dtype
-from . import creation, linalg
+from . import creation, elementwise, linalg
 from .reduction import _acc, _dims
 from .registry import lowering
 
@@ -43,7 +43,7 @@ def _ax(x, dim):
 def polygamma(n, x):
     x = _f(x)
     if n == 0:
-        return jss.digamma(x)
+        return elementwise.digamma(x)
     # jax's polygamma is for x > 0: shift negative x up with the recurrence
     # psi_n(x) = psi_n(x + k) - (-1)^n n! sum_{j<k} (x + j)^-(n+1).
     k = 16
@@ -52,7 +52,8 @@ def polygamma(n, x):
     out = jss.polygamma(n, xs)
     corr = sum(1.0 / (x + j) ** (n + 1) for j in range(k))
     sign = 1.0 if n % 2 else -1.0
-    return jnp.where(neg, out + sign * math.factorial(n) * corr, out)
+    out = jnp.where(neg, out + sign * math.factorial(n) * corr, out)
+    return jnp.where(x == 0, sign * jnp.inf, out)  # the pole at 0, signed as eager's
 
 
 @lowering(aten.round.decimals)
@@ -276,12 +277,15 @@ def trace(x):
     return jnp.trace(acc)
 
 
-@lowering(aten.renorm.default)
+@lowering(aten.renorm.default, static=("p",))  # the norm's formula depends on p
 def renorm(x, p, dim, maxnorm):
     d = _ax(x, dim)
     axes = tuple(i for i in range(x.ndim) if i != d)
     xf = _f(x)
-    norm = jnp.sum(jnp.abs(xf) ** p, axis=axes, keepdims=True) ** (1.0 / p)
+    if p == math.inf:
+        norm = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    else:
+        norm = jnp.sum(jnp.abs(xf) ** p, axis=axes, keepdims=True) ** (1.0 / p)
     factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)
     return xf * factor
 
@@ -336,6 +340,8 @@ def aminmax(x, *, dim=None, keepdim=False):
             shape = (1,) * x.ndim
             return jnp.min(x).reshape(shape), jnp.max(x).reshape(shape)
         return jnp.min(x), jnp.max(x)
+    if x.ndim == 0:
+        return x, x
     d = _ax(x, dim)
     return jnp.min(x, axis=d, keepdims=keepdim), jnp.max(x, axis=d, keepdims=keepdim)
 
@@ -455,6 +461,9 @@ def nanmedian(x):
 def mode(x, dim=-1, keepdim=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
+    if x.dtype == jnp.bool_:
+        v, i = mode(x.astype(jnp.int8), dim, keepdim)
+        return v.astype(jnp.bool_), i
     d = _ax(x, dim)
     xm = jnp.moveaxis(x, d, -1)
     # count of each element's value along the row; the most frequent, smallest value wins; its
@@ -494,7 +503,7 @@ def bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
     return jnp.searchsorted(boundaries, x, side="right" if right else "left")
 
 
-@lowering(aten.searchsorted.Tensor)
+@lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None):
     side = side or ("right" if right else "left")
     if sorter is not None:
@@ -510,6 +519,8 @@ def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None
 
 @lowering(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
+    if x.size == 0:
+        return jnp.zeros((bins,), x.dtype)
     xf = x.reshape(-1)
     lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
     auto = (lo == 0) & (hi == 0)
@@ -623,7 +634,7 @@ def binary_cross_entropy_backward(grad, x, y, weight=None, reduction=1):
     return g / x.size if reduction == 1 else g
 
 
-@lowering(aten.multi_margin_loss.default)
+@lowering(aten.multi_margin_loss.default, static=("p",))  # 1 or 2: picks the formula
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     x2 = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     t = target.reshape(-1)

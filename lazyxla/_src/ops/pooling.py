@@ -412,7 +412,7 @@ def channel_shuffle(x, groups):
 
 
 def _group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xf = _f(x).reshape(n, group, -1)
+    xf = _f(x).reshape(n, group, c // group * hxw)  # (-1 is ambiguous for an empty batch)
     mean = jnp.mean(xf, axis=-1)
     var = jnp.mean(jnp.square(xf - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -433,20 +433,18 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
 @lowering(aten.native_group_norm_backward.default)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
     xf, g = _f(x), _f(grad)
-    xg = xf.reshape(n, group, -1)
+    xg = xf.reshape(n, group, c // group * hxw)
     xhat = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     bshape = (1, c) + (1,) * (x.ndim - 2)
     w = _f(weight).reshape(bshape) if weight is not None else 1.0
-    gxhat = (g * w).reshape(n, group, -1)
-    xh = xhat.reshape(n, group, -1)
-    m = xh.shape[-1]
+    gxhat = (g * w).reshape(xg.shape)
+    xh = xhat.reshape(xg.shape)
     gx = rstd[..., None] * (
         gxhat - jnp.mean(gxhat, -1, keepdims=True) - xh * jnp.mean(gxhat * xh, -1, keepdims=True)
     )
     red = (0,) + tuple(range(2, x.ndim))
     gw = jnp.sum(g * xhat, axis=red) if output_mask[1] else None
     gb = jnp.sum(g, axis=red) if output_mask[2] else None
-    del m
     return tuple(
         o for o in (gx.reshape(x.shape) if output_mask[0] else None, gw, gb) if o is not None
     )

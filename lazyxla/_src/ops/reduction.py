@@ -196,7 +196,9 @@ def cumprod(x, dim, dtype=None):
 
 @lowering(aten.sort.default)
 def sort(x, dim=-1, descending=False):
-    d = _dims(x, dim)[0] if x.ndim else 0
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _dims(x, dim)[0]
     idx = jnp.argsort(x, axis=d, stable=True, descending=descending)
     return jnp.take_along_axis(x, idx, axis=d), idx
 
@@ -208,7 +210,9 @@ def sort_stable(x, *, stable=None, dim=-1, descending=False):
 
 @lowering(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
-    d = _dims(x, dim)[0] if x.ndim else 0
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = _dims(x, dim)[0]
     xm = jnp.moveaxis(x, d, -1)
     if largest:
         v, i = lax.top_k(xm, k)
