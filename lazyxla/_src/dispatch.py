@@ -134,9 +134,10 @@ def _meta_specs(out: Any) -> Any:
 _META_CACHE: dict[tuple, Any] = {}
 _MISS = object()
 
-# Ops whose meta kernel and eager CPU kernel disagree on output dtypes: the normalizations return
-# their saved mean/rstd in float32 on meta (CUDA's choice) but in the input's bf16/fp16 on CPU.
-# lazyxla follows eager CPU, its oracle.
+# Ops whose meta kernel and eager CPU kernel disagree on outputs: lazyxla follows eager CPU, its
+# oracle. The normalizations return their saved mean/rstd in float32 on meta (CUDA's choice) but
+# in the input's bf16/fp16 on CPU; batch norm in eval mode saves no statistics on CPU (shape (0,))
+# where meta gives them the channel count.
 _aten = torch.ops.aten
 _STATS_IN_INPUT_DTYPE = frozenset(
     (
@@ -152,12 +153,20 @@ _STATS_IN_INPUT_DTYPE = frozenset(
 )
 
 
-def _cpu_dtypes(op: OpOverload, vals: list[Any], out: Any) -> Any:
-    x = vals[0]
-    if op not in _STATS_IN_INPUT_DTYPE or x.dtype not in (torch.bfloat16, torch.float16):
+def _eval_mode_bn(op: OpOverload, vals: list[Any]) -> bool:
+    if op is _aten._native_batch_norm_legit_no_training.default:
+        return True
+    return op is _aten.native_batch_norm.default and not vals[5]
+
+
+def _cpu_specs(op: OpOverload, vals: list[Any], out: Any) -> Any:
+    if op not in _STATS_IN_INPUT_DTYPE:
         return out
-    out = list(out)
-    out[1:3] = [TensorSpec(s.shape, x.dtype) for s in out[1:3]]
+    x, out = vals[0], list(out)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        out[1:3] = [TensorSpec(s.shape, x.dtype) for s in out[1:3]]
+    if _eval_mode_bn(op, vals):
+        out[1:3] = [TensorSpec((0,), s.dtype) for s in out[1:3]]
     return tuple(out)
 
 
@@ -211,7 +220,7 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
         else:
             args.append(_to_meta(v))
     try:
-        out = _cpu_dtypes(op, vals, _meta_specs(_run_meta(op, args, kwargs)))
+        out = _cpu_specs(op, vals, _meta_specs(_run_meta(op, args, kwargs)))
     except NotImplementedError:
         if lw is None:
             raise

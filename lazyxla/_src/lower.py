@@ -57,7 +57,8 @@ class Program:
             else:
                 refs = tuple((pos[id(i)], k) for i, k in n.inputs)
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
-                self.steps.append((OP, n.rule, refs, n.args, n.kwargs, dtypes, n.op, n.src))
+                shapes = tuple(tuple(s.shape) for s in n.specs)
+                self.steps.append((OP, n.rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
         self.roots = roots
 
     def function(self) -> Callable[..., list[jax.Array]]:
@@ -82,7 +83,7 @@ class Program:
                 elif kind == EMPTY:
                     env.append(tuple(jnp.zeros(shape, dt) for shape, dt in step[1]))
                 else:
-                    _, rule, refs, args, kwargs, dtypes, name, src = step
+                    _, rule, refs, args, kwargs, dtypes, name, src, shapes = step
                     ins = [env[p][k] for p, k in refs]
                     a = [_subst(x, ins) for x in args]
                     kw = {k: _subst(v, ins) for k, v in kwargs}
@@ -100,6 +101,7 @@ class Program:
                             ) from e
                     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
                     outs = _flatten(outs)
+                    _check_shapes(name, src, outs, shapes)
                     env.append(
                         tuple(
                             o if o.dtype == dt else o.astype(dt)
@@ -114,6 +116,17 @@ class Program:
             return outs
 
         return run
+
+
+def _check_shapes(name: str, src: Any, outs: tuple, shapes: tuple) -> None:
+    """A rule's outputs must have the shapes recorded for them (PyTorch's): a mismatch is a
+    lowering bug, reported here at trace time rather than as a wrong-shaped tensor later."""
+    got = tuple(tuple(jnp.shape(o)) for o in outs)
+    if got != shapes:
+        where = f" (recorded at {src})" if src else ""
+        raise LoweringError(
+            f"lowering {name}{where} produced shapes {list(got)}, PyTorch's are {list(shapes)}"
+        )
 
 
 class LoweringError(RuntimeError):

@@ -308,10 +308,27 @@ def pdist_forward(x, p=2.0):
 
 @lowering(aten.linalg_lstsq.default)
 def linalg_lstsq(a, b, rcond=None, *, driver=None):
-    vector = False
-    a2, b2 = _bcast(a, b)
-    x = _mm(jnp.linalg.pinv(a2), b2) if a2.shape[-2] != a2.shape[-1] else jnp.linalg.solve(a2, b2)
-    del vector
+    """Eager CPU's outputs per LAPACK driver (default gelsy): residuals for a tall `a` with gels
+    (gelsd/gelss return them only at full rank, a data-dependent shape: CPU fallback), the rank
+    with gelsy/gelsd/gelss, the singular values with gelsd/gelss."""
+    driver = driver or "gelsy"
     m, n = a.shape[-2:]
+    if m > n and driver in ("gelsd", "gelss"):
+        raise NotImplementedError("lstsq residuals exist only at full rank: data-dependent")
+    a2, b2 = _bcast(a, b)
+    x = _mm(jnp.linalg.pinv(a2), b2) if m != n else jnp.linalg.solve(a2, b2)
+    batch = a2.shape[:-2]
     empty = jnp.zeros((0,), a.dtype)
-    return x, empty, jnp.zeros((0,), jnp.int64), empty
+    residuals = empty
+    if m > n and driver == "gels":
+        r = b2 - _mm(a2, x)
+        residuals = jnp.sum(jnp.real(r * jnp.conj(r)), axis=-2)
+    rank = jnp.zeros((0,), jnp.int64)
+    sv = jnp.zeros((0,), jnp.real(empty).dtype)
+    if driver != "gels":
+        s = jnp.linalg.svd(a2, compute_uv=False)
+        tol = (jnp.finfo(s.dtype).eps * max(m, n) if rcond is None else rcond) * s[..., :1]
+        rank = jnp.sum(s > tol, axis=-1).astype(jnp.int64).reshape(batch)
+        if driver in ("gelsd", "gelss"):
+            sv = s
+    return x, residuals, rank, sv

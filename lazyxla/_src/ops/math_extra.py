@@ -63,7 +63,7 @@ def round_decimals(x, *, decimals):
 
 @lowering(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(x):
-    return jax.nn.log_sigmoid(_f(x)), jnp.zeros((0,), x.dtype)
+    return jax.nn.log_sigmoid(_f(x)), jnp.exp(-jnp.abs(_f(x)))  # eager CPU's buffer
 
 
 @lowering(aten.log_sigmoid_backward.default)
@@ -249,7 +249,15 @@ def special_entr(x):
 
 @lowering(aten.special_zeta.default)
 def special_zeta(x, q):
-    return jss.zeta(_f(x), _f(q))
+    """Hurwitz zeta with eager's (Cephes') domain: inf at x == 1 and at nonpositive integer q,
+    nan for x < 1 and for a negative non-integer q with a non-integer x."""
+    x, q = jnp.broadcast_arrays(_f(x), _f(q))
+    out = jss.zeta(x, q)
+    q_pole = (q <= 0) & (q == jnp.floor(q))
+    out = jnp.where((q <= 0) & ~q_pole & (x != jnp.floor(x)), jnp.nan, out)
+    out = jnp.where(q_pole, jnp.inf, out)
+    out = jnp.where(x < 1, jnp.nan, out)
+    return jnp.where(x == 1, jnp.inf, out)
 
 
 @lowering(aten.mvlgamma.default)
