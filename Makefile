@@ -38,7 +38,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV)
 
-# Every OpInfo sample in float32, bfloat16, int64 and bool (the default run: first samples, one
-# dtype).
+# Every OpInfo sample in float32, bfloat16, float16, int64 and bool (the default run: the first
+# samples; ~1 hour on 2 cores). Resumable by hand: python -m lazyxla.tools.op_coverage --full --log F
 test-ops-full: $(STAMP)
 	LAZYXLA_OPINFO_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests/ops/test_opinfo.py tests/ops/test_opinfo_part2.py

@@ -1,9 +1,10 @@
 """PyTorch's OpInfo database on lazyxla vs eager CPU (see lazyxla/tools/op_coverage.py).
 
-Default (CI): the first samples of every `op_db` entry, one dtype; each entry's status must equal
-the one committed in docs/op_coverage.md (regenerate it with `python -m lazyxla.tools.op_coverage`),
-and no entry may fail. `make test-ops-full` (LAZYXLA_OPINFO_FULL=1): every sample, float32/bfloat16/
-int64/bool, no entry may fail. The entries are split over this file and test_opinfo_part2.py so
+Default (CI): the first samples of every `op_db` entry in its primary dtype and one sample in each
+of bfloat16/float16/int64/bool it supports; each entry's status must equal the one committed in
+docs/op_coverage.md (regenerate it with `python -m lazyxla.tools.op_coverage`), and no entry may
+fail. `make test-ops-full` (LAZYXLA_OPINFO_FULL=1): every sample in each of those dtypes, no entry
+may fail. The entries are split over this file and test_opinfo_part2.py so
 that `--dist loadfile` runs them on two workers.
 """
 

@@ -239,3 +239,39 @@ def test_scalar_value_change_does_not_change_result_wrongly():
 def test_device_of_results():
     x = to_lazy(rnd(2, 2))
     assert (x + 1).device == DEV
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_rounded_division_exact_when_divisor_is_broadcast(mode):
+    """XLA rewrites a / broadcast(b) as a * broadcast(1/b), which puts 5.125/5.125 an ulp under 1;
+    trunc/floor division must still give 1 (Note [Exact quotients])."""
+    a = torch.full((10, 1, 5), 5.125)
+    b = torch.full((10, 5), 5.125)
+    a[3, 0, 2], b[4, 2] = 7.0, -3.5
+    for dt in (torch.float32, torch.bfloat16):
+        assert_same(
+            torch.div(a.to(DEV, dt), b.to(DEV, dt), rounding_mode=mode).cpu(),
+            torch.div(a.to(dt), b.to(dt), rounding_mode=mode),
+            exact=True,
+        )
+
+
+def test_bf16_ops_round_once_like_eager():
+    """Note [Opmath]: a bf16 op computes in float32 and rounds its output once. cumsum's running
+    sum and floor_divide's quotient stay float32 inside the op, as in eager."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, generator=g) * 8).bfloat16()
+    y = (torch.rand(64, generator=g) + 0.5).bfloat16()
+    for f in (lambda v, w: v.cumsum(0), lambda v, w: torch.floor_divide(v, w), torch.addcdiv):
+        if f is torch.addcdiv:
+            out, ref = f(x.to(DEV), y.to(DEV), x.to(DEV)).cpu(), f(x, y, x)
+        else:
+            out, ref = f(x.to(DEV), y.to(DEV)).cpu(), f(x, y)
+        assert_same(out, ref, exact=True)
+
+
+def test_integer_pow_negative_exponent():
+    base = torch.tensor([2, -3, 1, -1, -1, 0, 5])
+    exp = torch.tensor([-1, -2, -5, -3, -2, 3, 2])
+    assert_same(torch.pow(base.to(DEV), exp.to(DEV)).cpu(), torch.pow(base, exp), exact=True)
+    assert_same(torch.pow(2, exp.to(DEV)).cpu(), torch.pow(2, exp), exact=True)

@@ -322,8 +322,14 @@ def prelu(x, weight):
 
 @lowering(aten._prelu_kernel_backward.default)
 def prelu_backward(grad, x, weight):
-    _, vjp = jax.vjp(prelu, x, weight)
-    return vjp(grad)
+    # The weight's gradient is elementwise, in the broadcast shape (autograd sums it to the
+    # weight's shape afterwards), as eager's kernel returns it.
+    w = weight.reshape((1, -1) + (1,) * (x.ndim - 2)) if x.ndim >= 2 and weight.size > 1 else weight
+    pos = x > 0
+    gx = jnp.where(pos, grad, w * grad)
+    gw = jnp.where(pos, jnp.zeros_like(x), x * grad)
+    shape = jnp.broadcast_shapes(x.shape, jnp.shape(w))
+    return jnp.broadcast_to(gx, shape), jnp.broadcast_to(gw, shape)
 
 
 # --- reductions, scans, order statistics ---------------------------------------------------------
