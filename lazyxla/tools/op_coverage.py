@@ -150,13 +150,10 @@ TOLERANCES: dict[str, tuple[dict[str, float], str]] = {
         "weighted samples: sum(w) - sum(w^2)/sum(w) cancels, its gradient more so",
     ),
     **{
-        k: ({"rtol": 1e-5, "atol": 1e-5}, "batched products: accumulation order")
-        for k in ("matmul", "__rmatmul__")
-    },
-    **{
         k: (
             {"rtol": 1e-5, "atol": 5e-4},
-            "outputs up to ~1e3 summed from hundreds of products: accumulation order",
+            "outputs up to ~1e3 summed from hundreds of products: XLA's convolution algorithm "
+            "rounds a few elements ~1e-6 worse than oneDNN's",
         )
         for k in (
             "nn.functional.conv1d",
