@@ -52,6 +52,14 @@ _FLAGS: dict[str, Flag] = {
         1024,
         "How many compiled graphs to keep in memory; the least recently used is evicted first.",
     ),
+    "debug_level": Flag(
+        "PT_XLA_DEBUG_LEVEL",
+        int,
+        0,
+        "1: print why each graph compiles (cause, graph hash, Python frames; a recompile at the "
+        "same line says what changed) and its sizes; 2: also why each graph executes.",
+    ),
+    "pt_xla_debug": Flag("PT_XLA_DEBUG", bool, False, "Same as PT_XLA_DEBUG_LEVEL=2."),
     "metrics_file": Flag(
         "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
     ),

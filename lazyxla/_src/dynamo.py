@@ -160,7 +160,9 @@ class Trace:
             target = args[arg_index]
             write(state(target), (node, root))
         if sync and outs:
-            graph.sync_states([state(o) for o in outs])
+            graph.sync_states(
+                [state(o) for o in outs], cause="a lazyxla-compiled (dynamo) function returned"
+            )
         result = []
         for kind, v in self.out_plan:
             if kind == "out":

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import metrics, step_closures
+from . import analysis, metrics, step_closures
 from .config import FLAGS
 from .ir import DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
@@ -196,22 +196,31 @@ def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState
     return [s for s in candidates if s.value[0].op != DEVICE_DATA]
 
 
-def compile_capture(cap: Capture) -> Any:
-    """The executable for `cap`, from the cache or freshly compiled (counted either way)."""
+def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
+    """The executable for `cap`, from the cache or freshly compiled (counted either way).
+    `cause`: why the graph runs, for PT_XLA_DEBUG_LEVEL (analysis.py)."""
     exe = CACHE.get(cap.key)
     if exe is not None:
         metrics.counter_inc("CachedCompile")
         return exe
     metrics.counter_inc("UncachedCompile")
+    debug = analysis.level()
+    if debug:
+        analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
         exe = cap.function().lower(*cap.args()).compile()
     metrics.counter_inc("CreateCompileHandles")
+    if debug:
+        analysis.post_compilation(cap, exe)
     CACHE.put(cap.key, exe)
     return exe
 
 
-def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
-    """Execute the pending values of `states` (all live tensors if None) and bind their data."""
+def sync_states(
+    states: list[LazyState] | None, wait: bool = False, cause: str | None = None
+) -> None:
+    """Execute the pending values of `states` (all live tensors if None) and bind their data.
+    `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user sync, or a read of a value)."""
     pending = pending_states(states)
     if not pending:
         return
@@ -223,7 +232,11 @@ def sync_states(states: list[LazyState] | None, wait: bool = False) -> None:
         )
     cap = Capture(pending, donate=states is None and FLAGS.donate_buffers)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
-    exe = compile_capture(cap)
+    if cause is None:
+        cause = analysis.USER_SYNC if states is None else analysis.VALUE_ACCESS
+    exe = compile_capture(cap, cause)
+    if analysis.level() >= 2:
+        analysis.execution(cap, cause)
     if cap.donate:
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
     t0 = time.perf_counter_ns()

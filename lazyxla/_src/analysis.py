@@ -1,0 +1,101 @@
+"""PT_XLA_DEBUG_LEVEL: why a graph compiled, and why it ran, on stderr in torch_xla's format.
+
+Level 1 prints a "Compilation Analysis" before every compile (cache miss) and a "Post Compilation
+Analysis" after it; level 2 adds an "Execution Analysis" before every execution. `PT_XLA_DEBUG=1`
+is level 2, as in torch_xla. Beyond torch_xla, a compile at a Python line that compiled a
+different graph before says what changed (input shapes, an op, a baked-in scalar): the usual
+reason for a silent recompile in a training loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from typing import Any
+
+from . import ir
+from .config import FLAGS
+
+USER_SYNC = "user lazyxla.sync"
+VALUE_ACCESS = "most likely user code trying to access tensor value before lazyxla.sync"
+
+_RULE, _DASH = "=" * 80, "-" * 80
+_GB = float(1 << 30)
+# The graph each Python call site last compiled: (graph hash, summary), for the recompile reason.
+_LAST_AT_SITE: dict[str, tuple[str, Any]] = {}
+
+
+def level() -> int:
+    return max(FLAGS.debug_level, 2 if FLAGS.pt_xla_debug else 0)
+
+
+def graph_hash(cap: Any) -> str:
+    return hashlib.md5(repr(cap.key).encode()).hexdigest()
+
+
+def _frames(limit: int = 10) -> list[str]:
+    """The Python frames that triggered the sync, innermost first, outside lazyxla and torch."""
+    out: list[str] = []
+    f: Any = sys._getframe(1)
+    while f is not None and len(out) < limit:
+        fn = f.f_code.co_filename
+        if not fn.startswith(ir._SKIP_PREFIXES) and not fn.startswith("<frozen"):
+            out.append(f"{f.f_code.co_name} ({fn}:{f.f_lineno})")
+        f = f.f_back
+    return out
+
+
+def _block(prefix: str, title: str, cause: str, cap: Any, extra: list[str]) -> str:
+    lines = [_RULE, f"{title} Cause", f"  {cause}", *extra, "Graph Info: "]
+    lines += [
+        f"  Graph Hash: {graph_hash(cap)}",
+        f"  Number of Graph Inputs: {len(cap.data)}",
+        f"  Number of Graph Outputs: {len(cap.root_values)}",
+        "Python Frame Triggered Execution: ",
+    ]
+    lines += [f"  {fr}" for fr in _frames()]
+    lines += [_DASH, _RULE]
+    return "\n".join(f"{prefix}: {x}" for x in lines) + "\n"
+
+
+def compilation(cap: Any, cause: str) -> None:
+    """Before a compile: why, which graph, from where."""
+    extra = []
+    frames = _frames()
+    site = frames[0] if frames else ""
+    h = graph_hash(cap)
+    last = _LAST_AT_SITE.get(site)
+    from .api import GraphSummary
+
+    summary = GraphSummary(cap)
+    if last is not None and last[0] != h:
+        extra.append(
+            f"  recompiled: this line compiled another graph before: {summary.diff(last[1])}"
+        )
+    _LAST_AT_SITE[site] = (h, summary)
+    sys.stderr.write("\n" + _block("Compilation Analysis", "Compilation", cause, cap, extra))
+
+
+def post_compilation(cap: Any, exe: Any) -> None:
+    """After a compile: the executable's sizes, in torch_xla's units."""
+    mem = exe.memory_analysis()
+    sys.stderr.write(f"\nComputation hash: {hashlib.md5(exe.as_text().encode()).hexdigest()}\n\n")
+    inputs = sum(a.nbytes for a in cap.data)
+    aliased = sum(a.nbytes for a, d in zip(cap.data, cap.donate) if d)
+    outputs = sum(
+        math.prod(n.specs[k].shape) * n.specs[k].dtype.itemsize for n, k in cap.root_values
+    )
+    rows = [
+        ("Graph input size", inputs),
+        ("Graph output size", outputs),
+        ("Aliased Input size", aliased),
+        ("Intermediate tensor size", getattr(mem, "temp_size_in_bytes", 0)),
+        ("Compiled program size", getattr(mem, "generated_code_size_in_bytes", 0)),
+    ]
+    lines = [_RULE] + [f"{k}: {v / _GB:.6f} GB" for k, v in rows] + [_DASH, _RULE]
+    sys.stderr.write("\n".join(f"Post Compilation Analysis: {x}" for x in lines) + "\n")
+
+
+def execution(cap: Any, cause: str) -> None:
+    sys.stderr.write("\n" + _block("Execution Analysis", "Execution", cause, cap, []))

@@ -1,0 +1,89 @@
+"""PT_XLA_DEBUG_LEVEL: compile and execution cause analysis on stderr, in torch_xla's format."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazyxla
+import lazyxla.debug.metrics as met
+from lazyxla._src import analysis
+from lazyxla._src.config import FLAGS
+
+dev = lazyxla.device()
+
+
+@pytest.fixture
+def debug_level():
+    def set_level(n: int) -> None:
+        FLAGS.set("debug_level", n)
+
+    yield set_level
+    FLAGS.set("debug_level", 0)
+
+
+def _blocks(err: str, kind: str) -> list[list[str]]:
+    """The lines of each `<kind> Analysis` block, prefix removed."""
+    out: list[list[str]] = []
+    for line in err.splitlines():
+        if line.startswith(f"{kind} Analysis: {kind} Cause"):
+            out.append([])
+        elif out and line.startswith(f"{kind} Analysis: "):
+            out[-1].append(line[len(kind) + 11 :])
+    return out
+
+
+def test_level_1_explains_every_compile(debug_level, capsys):
+    debug_level(1)
+    met.clear_all()
+    a, b = torch.randn(2, 3).to(dev), torch.randn(3, 4).to(dev)
+    for _ in range(3):
+        t = (a @ b + 1).relu()
+        lazyxla.sync()
+    float(t[0, 0].cpu())
+    err = capsys.readouterr().err
+    blocks = _blocks(err, "Compilation")
+    assert len(blocks) == met.counter_value("UncachedCompile") == 2  # the step once, then t[0, 0]
+    assert blocks[0][0] == "  user lazyxla.sync"
+    assert blocks[1][0] == f"  {analysis.VALUE_ACCESS}"
+    assert "  Number of Graph Inputs: 2" in blocks[0]
+    assert "  Number of Graph Outputs: 1" in blocks[0]
+    assert any(f"test_debug_analysis.py:{_line_of('lazyxla.sync()')})" in x for x in blocks[0])
+    assert err.count("Post Compilation Analysis: Graph input size: ") == 2
+    assert "Execution Analysis" not in err
+
+
+def test_level_2_explains_every_execution(debug_level, capsys):
+    debug_level(2)
+    met.clear_all()
+    a = torch.randn(4).to(dev)
+    for _ in range(3):
+        a = a * 2
+        lazyxla.sync()
+    err = capsys.readouterr().err
+    assert len(_blocks(err, "Execution")) == met.counter_value("ExecuteComputation") == 3
+    assert len(_blocks(err, "Compilation")) == 1
+
+
+def test_recompile_at_same_line_says_what_changed(debug_level, capsys):
+    debug_level(1)
+    w = torch.randn(3, 4).to(dev)
+    for n in (4, 5):
+        y = (torch.randn(n, 3).to(dev) @ w).sum()  # noqa: F841 (a live tensor: sync runs it)
+        lazyxla.sync()
+    blocks = _blocks(capsys.readouterr().err, "Compilation")
+    assert len(blocks) == 2
+    assert blocks[1][1] == (
+        "  recompiled: this line compiled another graph before: input shapes changed from "
+        "[f32[3,4]{1,0}, f32[4,3]{1,0}] to [f32[3,4]{1,0}, f32[5,3]{1,0}]"
+    )
+
+
+def test_off_by_default(capsys):
+    (torch.randn(3).to(dev) + 7).cpu()
+    assert "Analysis" not in capsys.readouterr().err
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.strip() == text)
