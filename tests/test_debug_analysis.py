@@ -87,3 +87,49 @@ def test_off_by_default(capsys):
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if line.strip() == text)
+
+
+@pytest.mark.parametrize(
+    "fmt,marker", [("text", "IR {"), ("hlo", "HloModule"), ("dot", "digraph G {")]
+)
+def test_save_tensors_file_appends_every_sync(tmp_path, fmt, marker):
+    path = str(tmp_path / "graphs.txt")
+    FLAGS.set("save_tensors_file", path)
+    FLAGS.set("save_tensors_fmt", fmt)
+    try:
+        a, b = torch.randn(2, 3).to(dev), torch.randn(3, 4).to(dev)
+        for _ in range(3):
+            t = (a @ b + 1).relu()
+            lazyxla.sync()
+        float(t[0, 0].cpu())
+    finally:
+        FLAGS.set("save_tensors_file", "")
+        FLAGS.set("save_tensors_fmt", "text")
+    with open(path + ".0") as f:  # torch_xla's name: the device ordinal appended
+        text = f.read()
+    sections = text.split("[ScheduleSyncTensorsGraph]\n")[1:]
+    assert len(sections) == 4  # three syncs and the read of t[0, 0]
+    first = sections[0]
+    assert first.startswith("TensorsGraphInfo:\n  test_save_tensors_file_appends_every_sync (")
+    assert "\nRoot Hashes: (" in first and f"## BEGIN_GRAPH\n{marker}" in first
+    assert first.endswith("## END_GRAPH\n\n") and "\nGraph Hash: " in first
+    assert sections[0] == sections[1]  # the same step, the same graph
+
+
+def test_dot_layout():
+    a, b = torch.randn(2, 3).to(dev), torch.randn(3, 4).to(dev)
+    t = (a @ b).relu()
+    from lazyxla._src import ir
+    from lazyxla._src.tensor import read, state
+
+    assert ir.to_dot([read(state(t))]) == (
+        "digraph G {\n"
+        '  node0 [label="xla::device_data\\nf32[3,4]{1,0}\\nxla_shape=f32[3,4]{1,0}"]\n'
+        '  node1 [label="xla::device_data\\nf32[2,3]{1,0}\\nxla_shape=f32[2,3]{1,0}"]\n'
+        '  node2 [label="aten::mm\\nf32[2,4]{1,0}\\nxla_shape=f32[2,4]{1,0}"]\n'
+        '  node3 [label="aten::relu\\nf32[2,4]{1,0}\\nxla_shape=f32[2,4]{1,0}\\nROOT=0"]\n'
+        "  node2 -> node3\n"
+        '  node1 -> node2 [label="i=0"]\n'
+        '  node0 -> node2 [label="i=1"]\n'
+        "}\n"
+    )

@@ -1,4 +1,5 @@
-"""PT_XLA_DEBUG_LEVEL: why a graph compiled, and why it ran, on stderr in torch_xla's format.
+"""PT_XLA_DEBUG_LEVEL: why a graph compiled, and why it ran, on stderr in torch_xla's format;
+XLA_SAVE_TENSORS_FILE: every synced graph appended to a file.
 
 Level 1 prints a "Compilation Analysis" before every compile (cache miss) and a "Post Compilation
 Analysis" after it; level 2 adds an "Execution Analysis" before every execution. `PT_XLA_DEBUG=1`
@@ -99,3 +100,27 @@ def post_compilation(cap: Any, exe: Any) -> None:
 
 def execution(cap: Any, cause: str) -> None:
     sys.stderr.write("\n" + _block("Execution Analysis", "Execution", cause, cap, []))
+
+
+def save_graph(cap: Any) -> None:
+    """Append the graph of a sync to XLA_SAVE_TENSORS_FILE + '.0' (the device ordinal, as torch_xla
+    names it), as IR text, HLO or Graphviz dot (XLA_SAVE_TENSORS_FMT), with the Python frames
+    that triggered it."""
+    fmt = FLAGS.save_tensors_fmt
+    if fmt == "text":
+        body = ir.to_text(cap.root_values)
+    elif fmt == "dot":
+        body = ir.to_dot(cap.root_values)
+    elif fmt == "hlo":
+        body = cap.function().lower(*cap.args()).compiler_ir("hlo").as_hlo_text()
+    else:
+        raise ValueError(f"XLA_SAVE_TENSORS_FMT={fmt!r}: use text, hlo or dot")
+    h = graph_hash(cap)
+    roots = ", ".join(hashlib.md5(repr((cap.key[0], r)).encode()).hexdigest() for r in cap.roots)
+    frames = "\n".join(f"  {fr}" for fr in _frames())
+    section = (
+        f"[ScheduleSyncTensorsGraph]\nTensorsGraphInfo:\n{frames}\n\nRoot Hashes: ({roots})\n\n"
+        f"## BEGIN_GRAPH\n{body}\nGraph Hash: {h}\n\n## END_GRAPH\n\n"
+    )
+    with open(FLAGS.save_tensors_file + ".0", "a") as f:
+        f.write(section)

@@ -60,6 +60,16 @@ _FLAGS: dict[str, Flag] = {
         "same line says what changed) and its sizes; 2: also why each graph executes.",
     ),
     "pt_xla_debug": Flag("PT_XLA_DEBUG", bool, False, "Same as PT_XLA_DEBUG_LEVEL=2."),
+    "save_tensors_file": Flag(
+        "XLA_SAVE_TENSORS_FILE",
+        str,
+        "",
+        "Append every synced graph to this file (+ '.0', the device ordinal), with the Python "
+        "frames that triggered the sync.",
+    ),
+    "save_tensors_fmt": Flag(
+        "XLA_SAVE_TENSORS_FMT", str, "text", "Format of XLA_SAVE_TENSORS_FILE: text, hlo or dot."
+    ),
     "metrics_file": Flag(
         "XLA_METRICS_FILE", str, "", "Write the metrics report to this file at process exit."
     ),

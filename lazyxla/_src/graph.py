@@ -234,6 +234,8 @@ def sync_states(
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if cause is None:
         cause = analysis.USER_SYNC if states is None else analysis.VALUE_ACCESS
+    if FLAGS.save_tensors_file:
+        analysis.save_graph(cap)
     exe = compile_capture(cap, cause)
     if analysis.level() >= 2:
         analysis.execution(cap, cause)

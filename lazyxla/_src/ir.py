@@ -215,13 +215,45 @@ def structure_key(order: list[Node], leaf_ops: tuple[str, ...]) -> tuple:
     return tuple(parts)
 
 
-def to_text(roots: list[tuple[Node, int]]) -> str:
-    """The IR of `roots` as text: `%3 = f32[2,4]{1,0} aten::mm(%1, %2), xla_shape=..., ROOT=0`."""
+def _numbered(roots: list[tuple[Node, int]]) -> tuple[list[Node], dict[int, int], dict]:
+    """The post-order of `roots`, each node's position, and the root indices of each node."""
     order = post_order([n for n, _ in roots])
     pos = {id(n): i for i, n in enumerate(order)}
     root_of: dict[int, list[int]] = {}
     for r, (n, _) in enumerate(roots):
         root_of.setdefault(id(n), []).append(r)
+    return order, pos, root_of
+
+
+def _statics(n: Node) -> list[str]:
+    statics = [_static_str(a) for a in n.args if _shown(a)] if n.op != CONSTANT else []
+    statics += [f"{k}={_static_str(v)}" for k, v in n.kwargs if k not in _HIDDEN and _shown(v)]
+    return statics
+
+
+def to_dot(roots: list[tuple[Node, int]]) -> str:
+    """The IR of `roots` as a Graphviz digraph, in torch_xla's XLA_SAVE_TENSORS_FMT=dot layout."""
+    order, pos, root_of = _numbered(roots)
+    lines = ["digraph G {"]
+    for i, n in enumerate(order):
+        shape = node_shape_str(n)
+        label = [DEVICE_DATA if n.op == SCALAR else n.op, shape, *_statics(n)]
+        label.append(f"xla_shape={shape}")
+        label += [f"ROOT={r}" for r in root_of.get(id(n), ())]
+        text = "\\n".join(label).replace('"', '\\"')
+        lines.append(f'  node{i} [label="{text}"]')
+    for i in range(len(order) - 1, -1, -1):
+        ins = order[i].inputs
+        for j, (inp, _) in enumerate(ins):
+            edge = f"  node{pos[id(inp)]} -> node{i}"
+            lines.append(edge + (f' [label="i={j}"]' if len(ins) > 1 else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_text(roots: list[tuple[Node, int]]) -> str:
+    """The IR of `roots` as text: `%3 = f32[2,4]{1,0} aten::mm(%1, %2), xla_shape=..., ROOT=0`."""
+    order, pos, root_of = _numbered(roots)
     lines = ["IR {"]
     for i, n in enumerate(order):
         shape = node_shape_str(n)
@@ -230,8 +262,7 @@ def to_text(roots: list[tuple[Node, int]]) -> str:
         )
         name = DEVICE_DATA if n.op == SCALAR else n.op
         line = f"  %{i} = {shape} {name}({operands})"
-        statics = [_static_str(a) for a in n.args if _shown(a)] if n.op != CONSTANT else []
-        statics += [f"{k}={_static_str(v)}" for k, v in n.kwargs if k not in _HIDDEN and _shown(v)]
+        statics = _statics(n)
         if statics:
             line += ", " + ", ".join(statics)
         line += f", xla_shape={shape}"
