@@ -167,3 +167,49 @@ def test_cpu_fallback_with_grad():
     before = metrics.counter_value("aten::grid_sampler_2d") or 0
     check(lambda v, g: torch.nn.functional.grid_sample(v, g, align_corners=False), x, grid)
     assert metrics.counter_value("aten::grid_sampler_2d") > before
+
+
+def _no_fallback(fn):
+    before = {n: metrics.counter_value(n) for n in metrics.counter_names() if n[:6] == "aten::"}
+    out = to_cpu(fn())
+    after = {n: metrics.counter_value(n) for n in metrics.counter_names() if n[:6] == "aten::"}
+    assert after == before, f"CPU fallback ran: {set(after.items()) - set(before.items())}"
+    return out
+
+
+def test_distribution_samplers_match_their_laws():
+    """In-place samplers lowered natively, checked against their distributions' laws (n=20000:
+    the bounds are > 5 standard errors)."""
+    n = 20000
+    x = torch.empty(n, device=DEV)
+    c = _no_fallback(lambda: x.cauchy_(median=1.0, sigma=2.0))
+    assert abs(c.median().item() - 1.0) < 0.1  # the median of Cauchy(1, 2) is 1; its IQR is 2*2
+    q = torch.quantile(c, torch.tensor([0.25, 0.75]))
+    assert abs((q[1] - q[0]).item() - 4.0) < 0.3
+    ln = _no_fallback(lambda: x.log_normal_(mean=0.5, std=0.25)).log()
+    assert abs(ln.mean().item() - 0.5) < 0.02 and abs(ln.std().item() - 0.25) < 0.02
+    g = _no_fallback(lambda: x.geometric_(0.25))
+    assert g.min().item() >= 1 and torch.equal(g, g.round())
+    assert abs(g.mean().item() - 4.0) < 0.15  # mean 1/p, variance (1-p)/p^2 = 12
+    mean, std = torch.linspace(-3, 3, n), torch.full((n,), 0.5)
+    z = _no_fallback(lambda: torch.normal(mean.to(DEV), std.to(DEV)))
+    assert abs((z - mean).std().item() - 0.5) < 0.02 and abs((z - mean).mean().item()) < 0.02
+    z = _no_fallback(lambda: torch.normal(2.0, std.to(DEV)))
+    assert abs(z.mean().item() - 2.0) < 0.02
+
+
+def test_multinomial_frequencies_and_without_replacement():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    draws = _no_fallback(lambda: torch.multinomial(probs.to(DEV), 20000, replacement=True))
+    assert draws.shape == (2, 20000) and draws.dtype == torch.int64
+    freq = torch.stack([torch.bincount(d, minlength=4) for d in draws]).float() / 20000
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+    perm = _no_fallback(lambda: torch.multinomial(probs.to(DEV), 3))
+    for row, p in zip(perm, probs):
+        assert len(set(row.tolist())) == 3 and all(p[i] > 0 for i in row.tolist())
+    firsts = _no_fallback(
+        lambda: torch.multinomial(probs[:1].expand(4000, 4).contiguous().to(DEV), 1)
+    ).flatten()
+    # The first draw without replacement follows the weights.
+    freq = torch.bincount(firsts, minlength=4).float() / 4000
+    torch.testing.assert_close(freq, probs[0], atol=0.03, rtol=0)

@@ -898,3 +898,30 @@ def special_modified_bessel_i0(x):
 @lowering(aten.special_modified_bessel_i1.default)
 def special_modified_bessel_i1(x):
     return jss.i1(_f(x))
+
+
+# --- backward rules as the vjp of the forward rule ----------------------------------------------
+
+
+@lowering(aten.multi_margin_loss_backward.default, static=("p",))
+def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
+    out, vjp = jax.vjp(lambda v: multi_margin_loss(v, target, p, margin, weight, reduction), x)
+    return vjp(grad.astype(out.dtype).reshape(out.shape))[0]
+
+
+@lowering(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    _, vjp = jax.vjp(lambda v: multilabel_margin_loss_forward(v, target, reduction)[0], x)
+    return vjp(grad.astype(x.dtype))[0]
+
+
+@lowering(aten.special_spherical_bessel_j0.default)
+def spherical_bessel_j0(x):
+    x = _f(x)
+    safe = jnp.where(x == 0, 1.0, x)
+    return jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)
+
+
+@lowering(aten._conj_physical.default)  # conj_physical is composite: it calls this for complex x
+def conj_physical(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x

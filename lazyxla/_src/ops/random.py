@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from .registry import lowering
 
@@ -73,3 +74,44 @@ def native_dropout_backward(grad, mask, scale):
 @lowering(aten.randperm.default, random=True)
 def randperm(n, dtype=None, layout=None, device=None, pin_memory=None, *, key):
     return jax.random.permutation(_key(key), n)
+
+
+@lowering(aten.cauchy_.default, random=True)
+def cauchy_(x, median=0.0, sigma=1.0, *, key):
+    u = jax.random.uniform(_key(key), x.shape, _float(x.dtype))
+    return (median + sigma * jnp.tan(jnp.pi * (u - 0.5))).astype(x.dtype)
+
+
+@lowering(aten.log_normal_.default, random=True)
+def log_normal_(x, mean=1.0, std=2.0, *, key):
+    z = jax.random.normal(_key(key), x.shape, _float(x.dtype))
+    return jnp.exp(mean + std * z).astype(x.dtype)
+
+
+@lowering(aten.geometric_.default, random=True)
+def geometric_(x, p, *, key):
+    """The number of Bernoulli(p) trials up to the first success: ceil(log(u) / log(1 - p))."""
+    u = jax.random.uniform(_key(key), x.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
+    return jnp.maximum(jnp.ceil(jnp.log(u) / jnp.log1p(-p)), 1).astype(x.dtype)
+
+
+@lowering(
+    aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, random=True
+)
+def normal(mean, std=1.0, *, key):
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    dt = jnp.result_type(mean, std)
+    return mean + std * jax.random.normal(_key(key), shape, _float(dt))
+
+
+@lowering(aten.multinomial.default, random=True)
+def multinomial(probs, num_samples, replacement=False, *, key):
+    """Draws by category weight; without replacement, the Gumbel top-k trick (exact for
+    sequential draws without replacement); zero-weight categories are never drawn."""
+    logits = jnp.log(probs.astype(jnp.float32))
+    k = _key(key)
+    if replacement:
+        draws = jax.random.categorical(k, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1])
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    g = jax.random.gumbel(k, probs.shape, jnp.float32)
+    return lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)

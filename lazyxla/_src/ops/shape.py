@@ -318,3 +318,17 @@ def view_as_complex(x):
 @view_op(aten._conj.default, scatter=lambda parent, new: jnp.conj(new).astype(parent.dtype))
 def _conj(x):
     return jnp.conj(x)
+
+
+@lowering(aten.unfold_backward.default)
+def unfold_backward(grad, input_sizes, dim, size, step):
+    """The adjoint of unfold: each window's gradient added back where the window was read."""
+    shape = tuple(input_sizes)
+    if not shape:
+        return grad.reshape(())
+    d = _norm_dim(dim, len(shape))
+    n = (shape[d] - size) // step + 1
+    idx = (np.arange(n)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    g = jnp.moveaxis(grad, -1, d + 1)  # (..., n, size, ...)
+    g = g.reshape(shape[:d] + (n * size,) + shape[d + 1 :])
+    return jnp.zeros(shape, grad.dtype).at[(slice(None),) * d + (idx,)].add(g)
