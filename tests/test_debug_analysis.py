@@ -7,7 +7,7 @@ import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
-from lazyxla._src import analysis
+from lazyxla._src import analysis, graph
 from lazyxla._src.config import FLAGS
 
 dev = lazyxla.device()
@@ -17,6 +17,7 @@ dev = lazyxla.device()
 def debug_level():
     def set_level(n: int) -> None:
         FLAGS.set("debug_level", n)
+        graph.CACHE.clear()  # graphs compiled by earlier tests would be cache hits here
 
     yield set_level
     FLAGS.set("debug_level", 0)
