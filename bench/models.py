@@ -141,8 +141,7 @@ class Workload:
 
     def __init__(self, make_model, make_batch, device) -> None:
         torch.manual_seed(0)
-        self.model = make_model().to(device)
-        self.model.tie_weights()  # `.to` a lazyxla device unties (as on PyTorch/XLA): re-tie
+        self.model = make_model().to(device)  # tied weights stay tied on lazyxla
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.batch = {k: v.to(device) for k, v in make_batch().items()}

@@ -187,8 +187,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         # Tied: the logits reuse `embed.weight` in forward rather than sharing one Parameter between
-        # two modules, a tie that `model.to(device)` would break on a device whose tensors cannot be
-        # shallow-copied from CPU ones (lazyxla's, as XLA's), where `to` makes new Parameters.
+        # two modules, a tie that `model.to(device)` breaks on PyTorch/XLA (lazyxla keeps it).
         self.lm_head = (
             None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         )

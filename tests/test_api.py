@@ -1,5 +1,6 @@
 """The torch_xla-shaped public API: `lazyxla.*`, `xm`, `xr`, `xp`, `pl`, `xu`, env variables."""
 
+import copy
 import io
 import os
 import subprocess
@@ -464,3 +465,31 @@ def test_utils(monkeypatch):
     assert xu.getenv_as("LX_MISSING", int, 5) == 5
     assert xu.check_env_flag("LX_FLAG") and not xu.check_env_flag("LX_MISSING")
     assert xu.check_env_flag("LX_MISSING", "on")
+
+
+def test_module_to_keeps_parameters_and_ties():
+    """`.to(device)` keeps Parameter objects (as CUDA does, unlike PyTorch/XLA): tied weights stay
+    tied and an optimizer built on the CPU model keeps training the moved one."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+    torch.manual_seed(0)
+    ref = Tied()
+    model = copy.deepcopy(ref)
+    w = model.embed.weight
+    opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, ref))
+    model.to(lazyxla.device())
+    assert model.embed.weight is w and model.head.weight is w and w.device.type == "jax"
+    ids = torch.tensor([[1, 2, 3]])
+    for m, o, x in ((model, opt, ids.to(lazyxla.device())), (ref, opt_ref, ids)):
+        m.head(m.embed(x)).logsumexp(-1).sum().backward()
+        o.step()
+    torch.testing.assert_close(model.embed.weight.cpu(), ref.embed.weight)
+    model.cpu()
+    assert model.head.weight is model.embed.weight is w and w.device.type == "cpu"
+    assert not torch.__future__.get_swap_module_params_on_conversion()

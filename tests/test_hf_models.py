@@ -13,11 +13,9 @@ weights on identical data, once in eager on the CPU and once on `lazyxla.device(
 - one graph executes per step, plus one per value the model's own code reads back mid-step
   (`SDPA_MASK_READS`).
 
-Weight tying: `model.to(device)` unties tied parameters (GPT-2's and BERT's output embedding) on
-lazyxla, as on PyTorch/XLA: a CPU tensor and a PrivateUse1 tensor have no compatible
-shallow-copy type, so `Module._apply` makes new `Parameter`s instead of swapping `.data`.
-`transformers` re-ties with `model.tie_weights()` after the move (its Trainer does so on XLA);
-the test does the same and asserts the tying survived.
+Weight tying: `model.to(device)` keeps tied parameters (GPT-2's and BERT's output embedding)
+tied on lazyxla, as on CUDA (PyTorch/XLA unties them and needs `model.tie_weights()` after the
+move); the test asserts the tying survived the move without re-tying.
 """
 
 from __future__ import annotations
@@ -245,9 +243,7 @@ def _compare_training(
 ) -> tuple[nn.Module, nn.Module]:
     """Train copies of `cpu_model` on the CPU and on lazyxla; assert the checks listed above."""
     dev = lazyxla.device()
-    dev_model = copy.deepcopy(cpu_model).to(dev)
-    if isinstance(dev_model, transformers.PreTrainedModel):
-        dev_model.tie_weights()  # see the module docstring
+    dev_model = copy.deepcopy(cpu_model).to(dev)  # ties survive: see the module docstring
     # named_parameters() lists a tied parameter once: equal names mean the same tying.
     assert [n for n, _ in dev_model.named_parameters()] == [
         n for n, _ in cpu_model.named_parameters()

@@ -170,6 +170,7 @@ def _register_device() -> None:
     torch._C._set_view_replay_enabled(True)  # See Note [Views and mutation]
     _patch_tensor_str()
     _patch_storage_checks()
+    _patch_module_to()
 
 
 def _patch_tensor_str() -> None:
@@ -208,6 +209,43 @@ def _patch_storage_checks() -> None:
         return reduce_internal(self, proto)
 
     torch.Tensor._reduce_ex_internal = _reduce_ex_internal
+
+
+def _patch_module_to() -> None:
+    """Moving a module to or from a lazyxla device keeps each Parameter object (as a move to CUDA
+    does), so tied weights stay tied and an optimizer built before the move keeps working.
+
+    A CPU tensor and a PrivateUse1 tensor have no compatible shallow-copy type, so `Module._apply`
+    would make a new Parameter per module (PyTorch/XLA's behaviour: GPT-2's tied embedding
+    silently unties). For moves to lazyxla (`module.to(device)`) and for any conversion of a
+    module holding lazyxla parameters (`.cpu()`, `.to(dtype)`), the parameters are swapped in
+    place instead (`torch.__future__`'s swap-on-conversion); other modules are unaffected.
+    """
+    original_to, original_apply = torch.nn.Module.to, torch.nn.Module._apply
+    future = torch.__future__
+
+    def swapping(call: Any) -> Any:
+        prev = future.get_swap_module_params_on_conversion()
+        future.set_swap_module_params_on_conversion(True)
+        try:
+            return call()
+        finally:
+            future.set_swap_module_params_on_conversion(prev)
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None and device.type == DEVICE_TYPE:
+            return swapping(lambda: original_to(self, *args, **kwargs))
+        return original_to(self, *args, **kwargs)
+
+    def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> Any:
+        if any(p.device.type == DEVICE_TYPE for p in self.parameters(recurse=recurse)):
+            return swapping(lambda: original_apply(self, fn, recurse))
+        return original_apply(self, fn, recurse)
+
+    to.__doc__ = original_to.__doc__
+    torch.nn.Module.to = to
+    torch.nn.Module._apply = _apply
 
 
 _register_device()
