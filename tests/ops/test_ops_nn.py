@@ -261,3 +261,21 @@ def test_mse_and_misc_losses():
 def test_scaled_dot_product_attention():
     q, k, v = rnd(2, 2, 4, 8), rnd(2, 2, 4, 8, seed=1), rnd(2, 2, 4, 8, seed=2)
     check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+def test_grid_sample(mode, padding):
+    """Grid points reach 20% past the border, so every padding rule is exercised; align_corners
+    alternates over the cases (the OpInfo sweep runs the rest)."""
+    align_corners = (mode == "nearest") == (padding == "zeros")
+    x = rnd(2, 3, 6, 7)
+    g = torch.rand(2, 4, 5, 2, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2
+    g.requires_grad_()
+    check(
+        lambda v, gg: F.grid_sample(v, gg, mode, padding, align_corners),
+        x,
+        g,
+        rtol=1e-5,
+        atol=1e-4,  # bicubic's grid gradient sums 16 taps of magnitude ~10
+    )

@@ -448,3 +448,98 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, ou
     return tuple(
         o for o in (gx.reshape(x.shape) if output_mask[0] else None, gw, gb) if o is not None
     )
+
+
+# --- grid_sample (PyTorch's GridSampler.h index math) --------------------------------------------
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
+_ZEROS, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra, flips = jnp.fmod(coord, span), jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _pad_coord(coord, size, padding, align_corners):
+    if padding == _BORDER:
+        return jnp.clip(coord, 0, size - 1)
+    if padding == _REFLECTION:
+        coord = (
+            _reflect(coord, 0, 2 * (size - 1))
+            if align_corners
+            else _reflect(coord, -1, 2 * size - 1)
+        )
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _unnormalize(coord, size, align_corners):
+    return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+
+
+def _taps(x, yi, xi):
+    """x[n, :, yi, xi] for integer (N, Ho, Wo) coordinates, 0 where they fall outside x."""
+    h, w = x.shape[2:]
+    inside = (yi >= 0) & (yi < h) & (xi >= 0) & (xi < w)
+    yc, xc = jnp.clip(yi, 0, h - 1), jnp.clip(xi, 0, w - 1)
+    v = jax.vmap(lambda img, y, x_: img[:, y, x_])(x, yc, xc)  # (N, C, Ho, Wo)
+    return v * inside[:, None].astype(x.dtype)
+
+
+def _cubic_weights(t, a=-0.75):
+    def near(s):  # |s| <= 1
+        return ((a + 2) * s - (a + 3)) * s * s + 1
+
+    def far(s):  # 1 < |s| < 2
+        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@lowering(aten.grid_sampler_2d.default)
+def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    h, w = x.shape[2:]
+    gx, gy = grid[..., 0], grid[..., 1]
+    if interpolation_mode == _BICUBIC:  # padding applies to each of the 4x4 taps
+        ix, iy = _unnormalize(gx, w, align_corners), _unnormalize(gy, h, align_corners)
+        x0, y0 = jnp.floor(ix), jnp.floor(iy)
+        wx, wy = _cubic_weights(ix - x0), _cubic_weights(iy - y0)
+        out = 0
+        for i in range(4):
+            yy = _pad_coord(y0 - 1 + i, h, padding_mode, align_corners).astype(jnp.int32)
+            row = 0
+            for j in range(4):
+                xx = _pad_coord(x0 - 1 + j, w, padding_mode, align_corners).astype(jnp.int32)
+                row = row + _taps(x, yy, xx) * wx[j][:, None]
+            out = out + row * wy[i][:, None]
+        return out
+    ix = _pad_coord(_unnormalize(gx, w, align_corners), w, padding_mode, align_corners)
+    iy = _pad_coord(_unnormalize(gy, h, align_corners), h, padding_mode, align_corners)
+    if interpolation_mode == _NEAREST:
+        return _taps(x, jnp.round(iy).astype(jnp.int32), jnp.round(ix).astype(jnp.int32))
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    tx, ty = (ix - x0)[:, None], (iy - y0)[:, None]
+    x0i, y0i = x0.astype(jnp.int32), y0.astype(jnp.int32)
+    return (
+        _taps(x, y0i, x0i) * (1 - tx) * (1 - ty)
+        + _taps(x, y0i, x0i + 1) * tx * (1 - ty)
+        + _taps(x, y0i + 1, x0i) * (1 - tx) * ty
+        + _taps(x, y0i + 1, x0i + 1) * tx * ty
+    )
+
+
+@lowering(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(
+    grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask
+):
+    out, vjp = jax.vjp(
+        lambda x_, g_: grid_sampler_2d(x_, g_, interpolation_mode, padding_mode, align_corners),
+        x,
+        grid,
+    )
+    gx, gg = vjp(grad.astype(out.dtype))
+    return (gx, gg) if output_mask[0] else (gg,)  # masked-out outputs take no slot
