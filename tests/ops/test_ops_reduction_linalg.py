@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from util import check
+from util import assert_same, check, to_lazy
+
+import lazyxla.debug.metrics as met
 
 
 def rnd(*shape, seed=0, grad=True, dtype=torch.float32):
@@ -175,3 +177,22 @@ def test_bf16_matmul():
     a = rnd(4, 8, seed=1, dtype=torch.bfloat16)
     b = rnd(8, 3, seed=2, dtype=torch.bfloat16)
     check(torch.mm, a, b)
+
+
+def test_histogram_edges_weights_density():
+    """Lowered natively: a value on an inner edge opens that bin, the last edge closes the last
+    bin, values outside `range` are dropped, a constant input gets eager's +-0.5 range."""
+    x = torch.tensor([0.0, 1.0, 1.0, 2.5, 4.0, 9.0, -1.0])
+    w = torch.arange(7.0)
+    cases = [
+        ((x, 4), {}),
+        ((x, 4), {"range": (0.0, 4.0), "weight": w}),
+        ((x, 3), {"density": True}),
+        ((torch.full((5,), 2.0), 3), {}),
+        ((x, torch.tensor([-1.0, 0.5, 1.0, 4.0])), {"weight": w, "density": True}),
+    ]
+    met.clear_all()
+    for args, kwargs in cases:
+        out = torch.histogram(*to_lazy(args), **to_lazy(kwargs))
+        assert_same(tuple(out), tuple(torch.histogram(*args, **kwargs)))
+    assert not [n for n in met.counter_names() if n.startswith("aten::")]  # no CPU fallback

@@ -925,3 +925,37 @@ def spherical_bessel_j0(x):
 @lowering(aten._conj_physical.default)  # conj_physical is composite: it calls this for complex x
 def conj_physical(x):
     return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+def _histogram(x, edges, weight, density):
+    """Counts (or weights) of x per bin [e_i, e_i+1), the last bin closed; values outside the
+    edges are not counted. Bins are found against the edges themselves (as eager does), so a value
+    on an edge lands in the bin that edge opens."""
+    xf, bins = x.reshape(-1), edges.shape[0] - 1
+    pos = jnp.searchsorted(edges, xf, side="right") - 1
+    pos = jnp.where(xf == edges[-1], bins - 1, pos)
+    inside = (xf >= edges[0]) & (xf <= edges[-1])
+    w = jnp.ones_like(xf) if weight is None else weight.reshape(-1).astype(xf.dtype)
+    hist = jnp.zeros((bins,), xf.dtype).at[jnp.clip(pos, 0, bins - 1)].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@lowering(aten.histogram.bin_ct, static=("range",))
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size == 0:  # eager: edges [0, 1]
+        lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+    else:
+        lo, hi = jnp.min(x), jnp.max(x)
+    same = lo == hi  # eager widens an empty range by 0.5 on each side
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    edges = creation.eager_linspace(lo, hi, bins + 1, x.dtype)
+    return _histogram(x, edges, weight, density)
+
+
+@lowering(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    return _histogram(x, bins.astype(x.dtype), weight, density)
