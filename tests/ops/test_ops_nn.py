@@ -279,3 +279,10 @@ def test_grid_sample(mode, padding):
         rtol=1e-5,
         atol=1e-4,  # bicubic's grid gradient sums 16 taps of magnitude ~10
     )
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(7, 5), (30, 40)])
+def test_interpolate_antialias(mode, size):
+    """Antialiased resize (torchvision's default for tensors): down- and upsampling, fwd + bwd."""
+    check(lambda v: F.interpolate(v, size=size, mode=mode, antialias=True), rnd(2, 3, 17, 13))

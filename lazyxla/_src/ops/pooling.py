@@ -543,3 +543,87 @@ def grid_sampler_2d_backward(
     )
     gx, gg = vjp(grad.astype(out.dtype))
     return (gx, gg) if output_mask[0] else (gg,)  # masked-out outputs take no slot
+
+
+# --- antialiased resampling (PyTorch's _compute_weights_aa): a static weight matrix per axis ------
+
+
+def _aa_scale(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _aa_weights(n_in, n_out, align_corners, scale, interp_size, filter_fn):
+    """(n_out, n_in) matrix: row i holds the normalized filter taps of output i."""
+    s = _aa_scale(n_in, n_out, align_corners, scale)
+    support = interp_size * 0.5 * s if s >= 1.0 else interp_size * 0.5
+    inv = 1.0 / s if s >= 1.0 else 1.0
+    w = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = s * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), n_in)
+        taps = np.array([filter_fn((j - center + 0.5) * inv) for j in range(lo, hi)])
+        total = taps.sum()
+        w[i, lo:hi] = taps / total if total != 0 else taps
+    return w
+
+
+def _triangle(x):
+    return max(0.0, 1.0 - abs(x))
+
+
+def _cubic_aa(x, a=-0.5):
+    x = abs(x)
+    if x < 1:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+def _resample_aa(x, size, align_corners, scales_h, scales_w, interp_size, filter_fn):
+    (h, w), (oh, ow) = x.shape[-2:], tuple(size)
+    wh = _aa_weights(h, oh, align_corners, scales_h, interp_size, filter_fn)
+    ww = _aa_weights(w, ow, align_corners, scales_w, interp_size, filter_fn)
+    dt = x.dtype
+    return jnp.einsum(
+        "oh,nchw,pw->ncop", wh.astype(dt), x, ww.astype(dt), precision=lax.Precision.HIGHEST
+    )
+
+
+@lowering(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_aa(x, output_size, align_corners, scales_h, scales_w, 2, _triangle)
+
+
+@lowering(aten._upsample_bicubic2d_aa.default)
+def upsample_bicubic2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _resample_aa(x, output_size, align_corners, scales_h, scales_w, 4, _cubic_aa)
+
+
+def _aa_backward(grad, output_size, input_size, align_corners, sh, sw, interp_size, filter_fn):
+    x = jnp.zeros(tuple(input_size), grad.dtype)
+    _, vjp = jax.vjp(
+        lambda v: _resample_aa(v, output_size, align_corners, sh, sw, interp_size, filter_fn), x
+    )
+    return vjp(grad)[0]
+
+
+@lowering(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear2d_aa_backward(
+    grad, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+    return _aa_backward(
+        grad, output_size, input_size, align_corners, scales_h, scales_w, 2, _triangle
+    )
+
+
+@lowering(aten._upsample_bicubic2d_aa_backward.default)
+def upsample_bicubic2d_aa_backward(
+    grad, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+    return _aa_backward(
+        grad, output_size, input_size, align_corners, scales_h, scales_w, 4, _cubic_aa
+    )
