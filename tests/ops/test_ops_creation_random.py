@@ -161,12 +161,12 @@ def test_linalg_det_lowered_with_grad():
 
 
 def test_cpu_fallback_with_grad():
-    """grid_sample has no lowering: forward and backward run on the CPU, counted, and match."""
-    x = torch.randn(1, 2, 4, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    grid = torch.rand(1, 3, 3, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
-    before = metrics.counter_value("aten::grid_sampler_2d") or 0
+    """3-D grid_sample has no lowering: forward and backward run on the CPU, counted, and match."""
+    x = torch.randn(1, 2, 3, 4, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    grid = torch.rand(1, 2, 3, 3, 3, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    before = metrics.counter_value("aten::grid_sampler_3d") or 0
     check(lambda v, g: torch.nn.functional.grid_sample(v, g, align_corners=False), x, grid)
-    assert metrics.counter_value("aten::grid_sampler_2d") > before
+    assert (metrics.counter_value("aten::grid_sampler_3d") or 0) > before
 
 
 def _no_fallback(fn):
