@@ -526,7 +526,6 @@ def _check_forward(
             tol[k] = max(tol.get(k, 0.0), v)
         for i, s in enumerate(_samples(op, dtype, False, n)):
             cpu_s = _clone_cpu((s.input, s.args, s.kwargs))
-            wide_s = _widen(cpu_s, dtype) if dtype in _WIDER else None
             if key in KEEP_CPU_ARGS:
                 lazy_s = (_to_lazy(s.input), _clone_cpu(s.args), _clone_cpu(s.kwargs))
             else:
@@ -554,8 +553,9 @@ def _check_forward(
                     if key in TIE_FREE_INDICES:
                         _indices_select_values(key, s, actual_cpu, expected)
                         continue
-                    if wide_s is None or not values:
+                    if dtype not in _WIDER or not values:
                         raise
+                    wide_s = _widen((s.input, s.args, s.kwargs), dtype)  # s is untouched
                     reference = op(wide_s[0], *wide_s[1], **wide_s[2])
                     _no_worse_than_eager(actual_cpu, expected, reference, tol)
             except Exception as e:
@@ -625,7 +625,7 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
                 for gl, gc in pairs:
                     _compare(gl, gc, tol)
             except AssertionError:  # judged against float64 gradients (_no_worse_than_eager)
-                wide_s = _widen(cpu_s, torch.float32)
+                wide_s = _widen((s.input, s.args, s.kwargs), torch.float32)
                 out_w = s.output_process_fn_grad(op(wide_s[0], *wide_s[1], **wide_s[2]))
                 outs_w = [o for o in _tensors(out_w) if o.requires_grad]
                 wrt_w = [t for t in _tensors(wide_s) if t.requires_grad]

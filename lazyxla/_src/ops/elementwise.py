@@ -11,9 +11,15 @@ from .registry import is_const, lowering, register
 
 aten = torch.ops.aten
 
+
 # Ops PyTorch implements as CompositeImplicitAutograd (square, positive, isfinite, outer) have no
 # lowering on purpose: a PrivateUse1 kernel would replace their decomposition *and* their autograd
 # formula, leaving them without a gradient.
+def digamma(x):
+    """digamma with eager's poles: -inf at +0, +inf at -0 (jax gives nan)."""
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x))
+
+
 _UNARY = {
     aten.abs.default: jnp.abs,
     aten.neg.default: jnp.negative,
@@ -25,9 +31,7 @@ _UNARY = {
     aten.log10.default: jnp.log10,
     aten.log1p.default: jnp.log1p,
     aten.sqrt.default: jnp.sqrt,
-    aten.rsqrt.default: lambda x: lax.rsqrt(
-        x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
-    ),
+    aten.rsqrt.default: lax.rsqrt,
     aten.sin.default: jnp.sin,
     aten.cos.default: jnp.cos,
     aten.tan.default: jnp.tan,
@@ -60,7 +64,7 @@ _UNARY = {
     aten.isnan.default: jnp.isnan,
     aten.isinf.default: jnp.isinf,
     aten.lgamma.default: jax.scipy.special.gammaln,
-    aten.digamma.default: lambda x: digamma(x),
+    aten.digamma.default: digamma,
     aten.signbit.default: jnp.signbit,
     aten.deg2rad.default: jnp.deg2rad,
     aten.rad2deg.default: jnp.rad2deg,
@@ -103,18 +107,6 @@ _BINARY = {
 }
 
 
-def _opmath(*xs):
-    """bf16/f16 arrays as float32: PyTorch computes reduced-precision floats in float32 ("opmath")
-    and rounds once; the output is cast back to the recorded dtype by the lowering."""
-    out = tuple(
-        x.astype(jnp.float32)
-        if hasattr(x, "dtype") and x.dtype in (jnp.bfloat16, jnp.float16)
-        else x
-        for x in xs
-    )
-    return out if len(out) != 1 else out[0]
-
-
 # Unary ops whose integer/bool input keeps its dtype; every other one computes an integer or bool
 # input in float32, as eager does (sigmoid(int64) is float32).
 _KEEPS_INT = {
@@ -135,20 +127,12 @@ _KEEPS_INT = {
 }
 
 
-def digamma(x):
-    """digamma with eager's poles: -inf at +0, +inf at -0 (jax gives nan)."""
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x))
-
-
 def _float_in(x):
     return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
 
 
 for _op, _fn in _UNARY.items():
-    if _op in _KEEPS_INT:
-        register(_op, lambda x, _fn=_fn: _fn(_opmath(x)))
-    else:
-        register(_op, lambda x, _fn=_fn: _fn(_float_in(_opmath(x))))
+    register(_op, _fn if _op in _KEEPS_INT else lambda x, _fn=_fn: _fn(_float_in(x)))
 for _op, _fn in _BINARY.items():
     register(_op, lambda x, y, _fn=_fn: _fn(x, y))
 
@@ -312,33 +296,28 @@ def masked_fill(x, mask, value):
 
 @lowering(aten.gelu.default)
 def gelu(x, approximate="none"):
-    x = _opmath(x)
     return jax.nn.gelu(x, approximate=approximate == "tanh")
 
 
 @lowering(aten.gelu_backward.default)
 def gelu_backward(grad, x, approximate="none"):
-    grad, x = _opmath(grad, x)
     _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
     return vjp(grad)[0]
 
 
 @lowering(aten.silu_backward.default)
 def silu_backward(grad, x):
-    grad, x = _opmath(grad, x)
     s = jax.nn.sigmoid(x)
     return grad * s * (1 + x * (1 - s))
 
 
 @lowering(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
-    grad, y = _opmath(grad, y)
     return grad * y * (1 - y)
 
 
 @lowering(aten.tanh_backward.default)
 def tanh_backward(grad, y):
-    grad, y = _opmath(grad, y)
     return grad * (1 - y * y)
 
 
@@ -374,13 +353,11 @@ def hardtanh_backward(grad, x, min_val, max_val):
 
 @lowering(aten.elu.default)
 def elu(x, alpha=1, scale=1, input_scale=1):
-    x = _opmath(x)
     return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
 
 
 @lowering(aten.softplus.default)
 def softplus(x, beta=1, threshold=20):
-    x = _opmath(x)
     bx = x * beta
     return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
 
@@ -414,7 +391,6 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 @lowering(aten.elu_backward.default)
 def elu_backward(grad, alpha, scale, input_scale, is_result, x):
-    grad, x = _opmath(grad, x)
     if is_result:  # x is elu's output
         neg = grad * input_scale * (x + alpha * scale)
     else:
@@ -424,7 +400,6 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, x):
 
 @lowering(aten.softplus_backward.default)
 def softplus_backward(grad, x, beta, threshold):
-    grad, x = _opmath(grad, x)
     bx = x * beta
     return jnp.where(bx > threshold, grad, grad * jax.nn.sigmoid(bx))
 

@@ -47,21 +47,21 @@ def _mask_put(x, indices, values, accumulate):
         raise NotImplementedError("boolean mask index_put mixed with other indices")
     p, mask = pos[0], indices[pos[0]]
     trail = x.shape[p + mask.ndim :]
-    # values broadcast against (x.shape[:p], N, *trail); N must broadcast (size 1 or absent).
+    # values broadcast against (x.shape[:p], N, *trail): N is 1 (one value for every selected
+    # element) or the number of elements selected.
     target_rank = p + 1 + len(trail)
     v = values.reshape((1,) * (target_rank - values.ndim) + values.shape)
     m = mask.reshape((1,) * p + mask.shape + (1,) * len(trail))
-    if v.shape[p] != 1:
+    n = v.shape[p]
+    if n == 0:
+        return x
+    if n != 1:
         # One value per selected element (the backward of x[mask]): the k-th true position of
         # the mask takes value k. N, the number selected, is static (values' shape).
-        n = v.shape[p]
-        if n == 0:
-            return x
         k = jnp.clip(jnp.cumsum(mask.reshape(-1).astype(jnp.int32)) - 1, 0, n - 1)
-        v = jnp.broadcast_to(v, x.shape[:p] + (n,) + trail)
-        v = jnp.take(v, k, axis=p).reshape(x.shape).astype(x.dtype)
-        return jnp.where(m, x + v, x) if accumulate else jnp.where(m, v, x)
-    v = v.reshape(v.shape[:p] + (1,) * mask.ndim + v.shape[p + 1 :])
+        v = jnp.take(jnp.broadcast_to(v, x.shape[:p] + (n,) + trail), k, axis=p).reshape(x.shape)
+    else:
+        v = v.reshape(v.shape[:p] + (1,) * mask.ndim + v.shape[p + 1 :])
     v = jnp.broadcast_to(v, x.shape).astype(x.dtype)
     return jnp.where(m, x + v, x) if accumulate else jnp.where(m, v, x)
 

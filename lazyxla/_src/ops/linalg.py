@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import is_const, lowering, with_opmath
+from .registry import is_const, lowering, to_opmath
 
 aten = torch.ops.aten
 _HIGHEST = lax.Precision.HIGHEST
@@ -34,7 +34,7 @@ def add_scaled(out, bias, beta, alpha):
     """beta * bias + alpha * out (the epilogue of addmm/addmv/addbmm); beta == 0 ignores bias,
     NaNs included."""
     alpha, beta = _coef(alpha, bias.dtype), _coef(beta, bias.dtype)
-    bias, alpha, beta = with_opmath(lambda *v: v)(bias, alpha, beta)
+    bias, alpha, beta = to_opmath((bias, alpha, beta))  # linalg rules keep bf16 (Note [Opmath])
     if not is_const(alpha, 1):
         out = out * alpha
     if is_const(beta, 0):

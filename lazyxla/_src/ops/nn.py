@@ -28,31 +28,25 @@ def _present(*outs):
     return tuple(o for o in outs if o is not None)
 
 
-def _opmath(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
-
-
 @lowering(aten._softmax.default)
 def softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(_opmath(x), axis=_d(dim, x.ndim) if x.ndim else None)
+    return jax.nn.softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
 
 
 @lowering(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(_opmath(x), axis=_d(dim, x.ndim) if x.ndim else None)
+    return jax.nn.log_softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
 
 
 @lowering(aten._softmax_backward_data.default)
 def softmax_backward(grad, y, dim, input_dtype):
     d = _d(dim, y.ndim) if y.ndim else None
-    grad, y = _opmath(grad), _opmath(y)
     return y * (grad - jnp.sum(grad * y, axis=d, keepdims=True))
 
 
 @lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, y, dim, input_dtype):
     d = _d(dim, y.ndim) if y.ndim else None
-    grad, y = _opmath(grad), _opmath(y)
     return grad - jnp.exp(y) * jnp.sum(grad, axis=d, keepdims=True)
 
 
@@ -131,8 +125,6 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
     # Recompute with the saved statistics' epsilon folded in: use the saved rstd directly.
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    grad, x = _opmath(grad), _opmath(x)  # PyTorch computes reduced precision in float32
-    weight = None if weight is None else _opmath(weight)
     xhat = (x - mean) * rstd
     w = jnp.ones(normalized_shape, x.dtype) if weight is None else weight
     gx_hat = grad * w
@@ -522,4 +514,4 @@ def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask
 
 
 # Long-tail families (ops/__init__.py imports this module; importing these registers them).
-from . import linalg_extra, math_extra, pooling  # noqa: E402,F401
+from . import linalg_extra, losses, math_extra, pooling  # noqa: E402,F401

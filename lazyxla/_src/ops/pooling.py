@@ -270,6 +270,19 @@ def up_linear_backward(grad, output_size, input_size, align_corners, *scales):
     return jax.vjp(lambda v: _linear(v, output_size, align_corners, s), x0)[1](_f(grad))[0]
 
 
+def _cubic_near(s, a):  # the cubic convolution kernel for |s| <= 1
+    return ((a + 2) * s - (a + 3)) * s * s + 1
+
+
+def _cubic_far(s, a):  # and for 1 < |s| < 2
+    return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+
+
+def _cubic_weights(t, a=-0.75):
+    """The 4 taps' weights at fractional offset t (PyTorch's bicubic, A = -0.75)."""
+    return [_cubic_far(t + 1, a), _cubic_near(t, a), _cubic_near(1 - t, a), _cubic_far(2 - t, a)]
+
+
 def _cubic_axis(x, ax, n_out, align_corners, scale):
     n_in = x.shape[ax]
     s = np.float32(_scale(n_in, n_out, align_corners, scale))
@@ -278,15 +291,7 @@ def _cubic_axis(x, ax, n_out, align_corners, scale):
     fl = np.floor(src)
     t = (src - fl).astype(np.float32)
     fl = fl.astype(np.int64)
-    a = -0.75
-
-    def c1(u):  # |u| <= 1
-        return ((a + 2) * u - (a + 3)) * u * u + 1
-
-    def c2(u):  # 1 < |u| < 2
-        return ((a * u - 5 * a) * u + 8 * a) * u - 4 * a
-
-    ws = [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+    ws = _cubic_weights(t)
     shape = [1] * x.ndim
     shape[ax] = n_out
     out = 0
@@ -490,16 +495,6 @@ def _taps(x, yi, xi):
     return v * inside[:, None].astype(x.dtype)
 
 
-def _cubic_weights(t, a=-0.75):
-    def near(s):  # |s| <= 1
-        return ((a + 2) * s - (a + 3)) * s * s + 1
-
-    def far(s):  # 1 < |s| < 2
-        return ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
-
-    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
-
-
 @lowering(aten.grid_sampler_2d.default)
 def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
     h, w = x.shape[2:]
@@ -574,13 +569,9 @@ def _triangle(x):
     return max(0.0, 1.0 - abs(x))
 
 
-def _cubic_aa(x, a=-0.5):
+def _cubic_aa(x, a=-0.5):  # antialiasing uses A = -0.5
     x = abs(x)
-    if x < 1:
-        return ((a + 2) * x - (a + 3)) * x * x + 1
-    if x < 2:
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return 0.0
+    return _cubic_near(x, a) if x < 1 else _cubic_far(x, a) if x < 2 else 0.0
 
 
 def _resample_aa(x, size, align_corners, scales_h, scales_w, interp_size, filter_fn):

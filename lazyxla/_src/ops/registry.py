@@ -52,14 +52,24 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 # output is rounded once, where eager rounds it (tests/ops/test_ops_elementwise.py, bf16 chains).
 _OPMATH_MODULES = frozenset(
     f"lazyxla._src.ops.{m}"
-    for m in ("elementwise", "reduction", "math_extra", "nn", "pooling", "linalg_extra", "foreach")
+    for m in (
+        "elementwise",
+        "reduction",
+        "math_extra",
+        "losses",
+        "nn",
+        "pooling",
+        "linalg_extra",
+        "foreach",
+    )
 )
 _LOW = (jnp.bfloat16, jnp.float16)
 
 
-def _up(v: Any) -> Any:
+def to_opmath(v: Any) -> Any:
+    """`v` (an array, or a tuple/list of them) with bf16/fp16 arrays as float32."""
     if isinstance(v, (tuple, list)):
-        return type(v)(_up(x) for x in v)
+        return type(v)(to_opmath(x) for x in v)
     return v.astype(jnp.float32) if getattr(v, "dtype", None) in _LOW else v
 
 
@@ -68,7 +78,7 @@ def with_opmath(rule: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(rule)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return rule(*(_up(a) for a in args), **{k: _up(v) for k, v in kwargs.items()})
+        return rule(*map(to_opmath, args), **{k: to_opmath(v) for k, v in kwargs.items()})
 
     return run
 
