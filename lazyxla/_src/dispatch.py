@@ -27,10 +27,13 @@ from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
     ViewOp,
+    check_device,
+    contiguous_strides,
     new_tensor,
     new_view,
     read,
     state,
+    storage_nbytes,
     write,
 )
 
@@ -109,11 +112,20 @@ def _sig(v: Any) -> Any:
     return v
 
 
+def _layout_sig(v: Any) -> Any:
+    """`_sig` plus each tensor's strides: they decide the strides of the outputs."""
+    if isinstance(v, torch.Tensor):
+        return (_sig(v), v.stride())
+    if isinstance(v, (list, tuple)):
+        return tuple(map(_layout_sig, v))
+    return _sig(v)
+
+
 def _to_meta(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         if v.device.type == "cpu" and v.dim() == 0:
             return v  # keeps the wrapped-number flag, which changes type promotion
-        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
     if isinstance(v, (list, tuple)):
         return type(v)(_to_meta(x) for x in v)
     if isinstance(v, torch.Generator):
@@ -131,7 +143,35 @@ def _meta_specs(out: Any) -> Any:
     return out
 
 
-_META_CACHE: dict[tuple, Any] = {}
+def _meta_strides(out: Any, struct: Any) -> tuple[tuple[int, ...] | None, ...] | None:
+    """Eager's strides of each output tensor, flat, None where contiguous (or for all: None)."""
+    metas: list[Any] = []
+    _flat_meta(out, metas)
+    flat: list[TensorSpec] = []
+    _flat_specs(struct, flat)
+    if len(metas) != len(flat):
+        return None
+    strides = tuple(
+        _noncontiguous(m.stride(), sp.shape) if tuple(m.shape) == sp.shape else None
+        for m, sp in zip(metas, flat)
+    )
+    return strides if any(st is not None for st in strides) else None
+
+
+def _flat_meta(out: Any, acc: list[Any]) -> None:
+    if isinstance(out, torch.Tensor):
+        acc.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _flat_meta(o, acc)
+
+
+def _noncontiguous(stride: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    stride = tuple(stride)
+    return None if stride == contiguous_strides(shape) else stride
+
+
+_META_CACHE: dict[tuple, Any] = {}  # key -> (output spec structure, flat output strides or None)
 _MISS = object()
 
 # Ops whose meta kernel and eager CPU kernel disagree on outputs: lazyxla follows eager CPU, its
@@ -196,37 +236,55 @@ def _leaves(v: Any) -> list[Any]:
 
 
 def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None) -> Any:
-    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`.
+    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`."""
+    return infer_layout(op, specs, vals, lw)[0]
 
-    PyTorch's meta kernel decides (so shapes, dtypes and errors are PyTorch's own); an op without
-    one (a custom op) is shape-checked by tracing its lowering with `jax.eval_shape`.
-    """
-    # A float's value never changes a shape, unless it is a static that shapes the program
-    # (arange's end): those stay in the key.
-    key = (
-        op,
-        *[
-            (float, v) if a.kind == STATIC and type(v) is float else _sig(v)
-            for a, v in zip(specs, vals)
-        ],
-    )
-    hit = _META_CACHE.get(key, _MISS)
-    if hit is not _MISS:
-        return hit  # may be None: in-place foreach ops return nothing
+
+def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
     args, kwargs = [], {}
     for s, v in zip(specs, vals):
         if s.kwarg_only:
             kwargs[s.name] = _to_meta(v)
         else:
             args.append(_to_meta(v))
+    return _run_meta(op, args, kwargs)
+
+
+def infer_layout(
+    op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None
+) -> tuple[Any, tuple[tuple[int, ...] | None, ...] | None]:
+    """Output specs of `op` on `vals`, and eager's strides of each output (None: contiguous).
+
+    PyTorch's meta kernel decides on inputs with the tensors' own strides (so shapes, dtypes,
+    layouts and errors are PyTorch's own); an op without one (a custom op) is shape-checked by
+    tracing its lowering with `jax.eval_shape`.
+    """
+    # A float's value never changes a shape, unless it is a static that shapes the program
+    # (arange's end): those stay in the key.
+    key = (
+        op,
+        *[
+            (float, v) if a.kind == STATIC and type(v) is float else _layout_sig(v)
+            for a, v in zip(specs, vals)
+        ],
+    )
+    hit = _META_CACHE.get(key, _MISS)
+    if hit is not _MISS:
+        return hit  # its specs may be None: in-place foreach ops return nothing
     try:
-        out = _cpu_specs(op, vals, _meta_specs(_run_meta(op, args, kwargs)))
+        meta = _meta_call(op, specs, vals)
+        out = _cpu_specs(op, vals, _meta_specs(meta))
+        strides = _meta_strides(meta, out)
     except NotImplementedError:
         if lw is None:
             raise
-        out = _eval_shape(lw, specs, vals)
-    _META_CACHE[key] = out
-    return out
+        out, strides = _eval_shape(lw, specs, vals), None
+    flat: list[TensorSpec] = []
+    _flat_specs(out, flat)
+    for sp in flat:
+        runtime.check_dtype(sp.dtype, f"aten::{op._schema.name.split('::')[-1]}")
+    _META_CACHE[key] = hit = (out, strides)
+    return hit
 
 
 def _eval_shape(lw: Lowering, specs: list[ArgSpec], vals: list[Any]) -> Any:
@@ -282,13 +340,13 @@ def _flat_specs(struct: Any, acc: list[TensorSpec]) -> None:
             _flat_specs(s, acc)
 
 
-def _wrap_outputs(node: Node, struct: Any, counter: list[int]) -> Any:
+def _wrap_outputs(node: Node, struct: Any, counter: list[int], strides: Any = None) -> Any:
     if isinstance(struct, TensorSpec):
         i = counter[0]
         counter[0] += 1
-        return new_tensor((node, i), struct)
+        return new_tensor((node, i), struct, strides[i] if strides is not None else None)
     if isinstance(struct, (list, tuple)):
-        return type(struct)(_wrap_outputs(node, s, counter) for s in struct)
+        return type(struct)(_wrap_outputs(node, s, counter, strides) for s in struct)
     return struct
 
 
@@ -350,7 +408,12 @@ def _first_tensor(vals: list[Any], specs: list[ArgSpec]) -> torch.Tensor | None:
 
 
 def record(
-    name: str, lw: Lowering, specs: list[ArgSpec], vals: list[Any], out_struct: Any
+    name: str,
+    lw: Lowering,
+    specs: list[ArgSpec],
+    vals: list[Any],
+    out_struct: Any,
+    strides: Any = None,
 ) -> tuple[Node, Any]:
     """Build the node for one call; returns it and the output structure of lazy tensors."""
     flat: list[TensorSpec] = []
@@ -390,7 +453,7 @@ def record(
         rec.inputs.append((rng_scalar(offset, "rng_offset", offset), 0))
         kwargs.append(("key", (Ref(len(rec.inputs) - 2), Ref(len(rec.inputs) - 1))))
     node = Node(name, lw.rule, tuple(rec.inputs), tuple(args), tuple(kwargs), tuple(flat))
-    return node, _wrap_outputs(node, out_struct, [0])
+    return node, _wrap_outputs(node, out_struct, [0], strides)
 
 
 def emit(
@@ -420,19 +483,24 @@ def _counter_name(op: OpOverload) -> str:
 def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     name, counter = _op_name(op), _counter_name(op)
+    device_args = [
+        i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
+    ]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
+        for i in device_args:
+            check_device(vals[i])
         try:
-            out_struct = infer(op, specs, vals, lw)
+            out_struct, strides = infer_layout(op, specs, vals, lw)
         except NotImplementedError:
             # A data-dependent output shape (x[bool_mask]): nothing static to record; CPU fallback.
             from .fallback import cpu_fallback
 
             return cpu_fallback(op, *args, **kwargs)
-        _, out = record(name, lw, specs, vals, out_struct)
+        _, out = record(name, lw, specs, vals, out_struct, strides)
         metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
         return out
 
@@ -525,33 +593,119 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     return kernel
 
 
+_VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int, bool]] = {}
+
+
+def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two elements of this layout can share a location (a broadcast, windows)."""
+    reach = 0  # the farthest offset the smaller-stride dimensions reach
+    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
+def view_layout(
+    op: OpOverload, specs: list[ArgSpec], vals: list[Any]
+) -> tuple[TensorSpec, tuple[int, ...] | None, int, bool]:
+    """(spec, eager's strides or None when contiguous, storage offset from the parent's, whether
+    elements overlap) of a view op's output, by its meta kernel on the parent's layout."""
+    x = vals[0]
+    key = (op, x.shape, x.dtype, x.stride(), *map(_sig, vals[1:]))
+    hit = _VIEW_LAYOUTS.get(key)
+    if hit is None:
+        out = _meta_call(op, specs, vals)
+        shape, stride = tuple(out.shape), tuple(out.stride())
+        spec = TensorSpec(shape, out.dtype)
+        hit = (spec, _noncontiguous(stride, shape), out.storage_offset(), _overlaps(shape, stride))
+        _VIEW_LAYOUTS[key] = hit
+    return hit
+
+
+def _write_overlapping(name: str) -> Callable[..., Any]:
+    def refuse(parent: Any, new: Any) -> Any:
+        raise RuntimeError(
+            f"unsupported operation: more than one element of the written-to tensor refers to a "
+            f"single memory location (a '{name}' view with overlapping elements). Please clone() "
+            "the tensor before performing the operation."
+        )
+
+    return refuse
+
+
 def view_kernel(
     op: OpOverload, lw: Lowering, scatter: Callable[..., Any] | None
 ) -> Callable[..., Any]:
-    """A view op: the output aliases its input (see Note [Views and mutation])."""
+    """A view op: the output aliases its input (see Note [Views and mutation]), with eager's
+    strides and storage offset."""
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     name, counter = _op_name(op), _counter_name(op)
     scatter_name = name + "_scatter"
+    refuse = _write_overlapping(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
-        out_spec = infer(op, specs, vals)
+        x = vals[0]
+        out_spec, stride, delta, overlaps = view_layout(op, specs, vals)
         statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
-        in_spec = state(vals[0]).spec
+        in_spec = state(x).spec
 
         def apply(v: tuple[Node, int]) -> tuple[Node, int]:
             return emit(name, lw.rule, (v,), (Ref(0), *statics), out_spec)
 
         do_scatter = None
-        if scatter is not None:
+        if overlaps:
+            do_scatter = refuse
+        elif scatter is not None:
 
             def do_scatter(parent: tuple[Node, int], new: tuple[Node, int]) -> tuple[Node, int]:
                 return emit(
                     scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec
                 )
 
-        return new_view(vals[0], ViewOp(name, apply, do_scatter), out_spec)
+        view_op = ViewOp(name, apply, do_scatter)
+        return new_view(x, view_op, out_spec, stride, x.storage_offset() + delta)
+
+    return kernel
+
+
+def as_strided_kernel(rule: Callable[..., Any], scatter: Callable[..., Any]) -> Callable[..., Any]:
+    """`as_strided` reads the storage, not the logical tensor: its view is taken from the root
+    base's value laid out in the root's storage order (see Note [Views and mutation])."""
+    name = "aten::as_strided"
+    refuse = _write_overlapping("as_strided")
+
+    def kernel(
+        x: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None
+    ) -> torch.Tensor:
+        metrics.counter_inc("xla::as_strided")
+        s = state(x)
+        root = s.base or s
+        size, stride = tuple(size), tuple(stride)
+        offset = x.storage_offset() if storage_offset is None else storage_offset
+        need = storage_nbytes(size, stride, x.dtype.itemsize) + offset * x.dtype.itemsize
+        if 0 not in size and need > x.untyped_storage().nbytes():
+            raise RuntimeError(
+                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
+                f"{offset}, and itemsize {x.dtype.itemsize} requiring a storage size of {need} "
+                f"are out of bounds for storage of size {x.untyped_storage().nbytes()}"
+            )
+        spec = TensorSpec(size, x.dtype)
+        statics = (size, stride, offset, root.spec.shape, root.stride)
+
+        def apply(v: tuple[Node, int]) -> tuple[Node, int]:
+            return emit(name, rule, (v,), (Ref(0), *statics), spec)
+
+        def do_scatter(parent: tuple[Node, int], new: tuple[Node, int]) -> tuple[Node, int]:
+            return emit(
+                name + "_scatter", scatter, (parent, new), (Ref(0), Ref(1), *statics), root.spec
+            )
+
+        writable = do_scatter if not _overlaps(size, stride) else refuse
+        view = ViewOp(name, apply, writable)
+        return new_view(x, view, spec, _noncontiguous(stride, size), offset, root=root)
 
     return kernel
 

@@ -43,15 +43,49 @@ TORCH_TO_NP = {
     torch.bool: np.dtype(np.bool_),
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    torch.float8_e8m0fnu: np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 NP_TO_TORCH = {v: k for k, v in TORCH_TO_NP.items()}
+# Dtypes NumPy knows only through ml_dtypes: moved between torch and numpy as their bits.
+_BITS = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
+    torch.float8_e8m0fnu: torch.uint8,
+}
 
 
 def jnp_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_NP[dtype]
     except KeyError:
-        raise TypeError(f"lazyxla does not support dtype {dtype}") from None
+        raise TypeError(unsupported_dtype(dtype)) from None
+
+
+def unsupported_dtype(dtype: torch.dtype, where: str = "") -> str:
+    return (
+        f"lazyxla cannot hold {dtype}{where}: XLA has no equivalent type. Supported: "
+        + ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_NP)
+        + ". Convert the tensor first (e.g. .to(torch.complex64) for complex32)"
+    )
+
+
+def check_dtype(dtype: torch.dtype, what: str) -> None:
+    """Raise at record time, naming the op and the user's line, for a dtype XLA cannot hold."""
+    if dtype in TORCH_TO_NP:
+        return
+    from .ir import _user_frame
+
+    raise TypeError(unsupported_dtype(dtype, f" (the result of {what}, at {_user_frame()})"))
 
 
 @functools.cache
@@ -73,10 +107,11 @@ def default_device() -> jax.Device:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor (bfloat16 through its bit pattern); shares its memory."""
-    t = t.detach().resolve_conj().resolve_neg()
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.contiguous().numpy()
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    bits = _BITS.get(t.dtype)
+    if bits is not None:
+        return t.view(bits).numpy().view(TORCH_TO_NP[t.dtype])
+    return t.numpy()
 
 
 def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
@@ -95,8 +130,10 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     with metrics.timed("TransferFromDeviceTime"):
         host = np.array(arr)  # a copy: jax buffers are immutable, torch tensors are not
     metrics.metric_add("InboundData", host.nbytes)
-    if host.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    bits = _BITS.get(dtype)
+    if bits is not None and host.dtype == TORCH_TO_NP[dtype]:
+        flat = host.reshape(-1).view(TORCH_TO_NP[bits])
+        return torch.from_numpy(flat).view(dtype).reshape(host.shape)
     out = torch.from_numpy(host) if host.ndim else torch.tensor(host.item(), dtype=dtype)
     return out if out.dtype == dtype else out.to(dtype)
 

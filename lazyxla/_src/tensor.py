@@ -20,16 +20,34 @@ lazyxla functionalizes in Python, the way PyTorch's FunctionalTensorWrapper does
   inverse permute/reshape, ...) to produce the base's new value and bumps the base's version. Every
   other view of that base is then stale and replays on its next read, so all aliases agree, as in
   eager.
-- View tensors report contiguous strides (their storage is their own); so that autograd never
-  replays a view through `as_strided` with those strides, lazyxla turns on autograd's view replay
-  (`torch._C._set_view_replay_enabled`) while tensors of its device exist, as XLA devices get by
-  default from `Device::supports_as_strided() == false`. Only functional ops reach the lowering:
-  in-place kernels are derived from functional rules.
+- Every lazy tensor carries eager's layout metadata: the sizes, strides and storage offset the
+  same op gives on the CPU (PyTorch's meta kernels compute them, see `dispatch.infer_layout`). So
+  PyTorch's own composite ops decide copy-versus-alias as eager does: `b.t().contiguous()`,
+  `reshape` and `flatten` of a non-contiguous tensor copy, `view` of one raises. The value itself
+  is logical (a JAX array of the tensor's shape); the layout is metadata only, except where eager
+  reads the storage directly (`as_strided`, whose view is taken from the root base's storage
+  order).
+- See Note [Fake data pointers] for `data_ptr()`.
+- So that autograd never replays a view through `as_strided`, lazyxla turns on autograd's view
+  replay (`torch._C._set_view_replay_enabled`), as XLA devices get by default from
+  `Device::supports_as_strided() == false`. Only functional ops reach the lowering: in-place
+  kernels are derived from functional rules.
+
+# Note [Fake data pointers]
+A lazy storage holds no bytes, but programs observe aliasing through `data_ptr()`: transformers'
+`id_tensor_storage` (tied weights in `save_pretrained`), `untyped_storage().data_ptr()` equality,
+`t.data_ptr()` of a slice. Each base storage therefore gets a unique, never-dereferenced address
+range of its byte size (`_reserve`, an address space no allocation uses), and each view's storage
+gets its root's address and size, so `data_ptr()`s compare as in eager: a view shares its base's
+storage pointer and `t.data_ptr()` adds its storage offset; a copy gets a new range. The storage
+is built by `_construct_storage_from_data_pointer` (a non-owning pointer, so nothing is ever freed
+or read through it) and swapped into the tensor's own storage object, which keeps the `LazyState`.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +85,7 @@ class LazyState:
     __slots__ = (
         "value",
         "spec",
+        "stride",
         "base",
         "chain",
         "version",
@@ -76,10 +95,11 @@ class LazyState:
         "__weakref__",
     )
 
-    def __init__(self, value: Value, spec: TensorSpec) -> None:
+    def __init__(self, value: Value, spec: TensorSpec, stride: tuple[int, ...] | None) -> None:
         self.seq = next(_seq)  # creation order: a sync's roots are ordered by it (stable keys)
         self.value = value
         self.spec = spec
+        self.stride = stride  # a base's strides when not contiguous: its storage order
         self.base: LazyState | None = None
         self.chain: tuple[ViewOp, ...] = ()
         self.version = 0
@@ -251,29 +271,102 @@ def _patch_module_to() -> None:
 _register_device()
 
 _create_empty = torch._C._acc.create_empty_tensor
+_storage_at = torch._C._construct_storage_from_data_pointer
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+# as_strided_'s meta kernel sets sizes/strides/offset (bounds-checked against the storage's size)
+# without touching data: how a lazy tensor gets eager's layout.
+_set_layout = torch.ops.aten.as_strided_.default._handle.redispatch_boxed
+_DEVICE = torch.device(DEVICE_TYPE, 0)
+_next_address = [1 << 44]  # see Note [Fake data pointers]
 
 
-def new_tensor(value: Value, spec: TensorSpec) -> torch.Tensor:
-    """A fresh lazy tensor whose value is `value` (a base, not a view)."""
+def _reserve(nbytes: int) -> int:
+    """A fresh address range of `nbytes` (64-byte aligned, never reused, never dereferenced)."""
+    p = _next_address[0]
+    _next_address[0] = p + (nbytes + 127) // 64 * 64
+    return p
+
+
+def storage_nbytes(shape: tuple[int, ...], stride: tuple[int, ...] | None, itemsize: int) -> int:
+    """Bytes a layout spans: numel for a contiguous one, 1 + the farthest offset otherwise."""
+    if stride is None:
+        return math.prod(shape) * itemsize
+    if 0 in shape:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * itemsize
+
+
+def new_tensor(
+    value: Value, spec: TensorSpec, stride: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """A fresh lazy tensor whose value is `value` (a base, not a view).
+
+    `stride`: eager's strides for this tensor when they are not the contiguous ones (an
+    elementwise op on a transposed input keeps its layout, as on the CPU)."""
     t = _create_empty(spec.shape, spec.dtype)
-    t.untyped_storage()._lx = LazyState(value, spec)
+    st = t.untyped_storage()
+    nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
+    st._swap_data_ptr_(_storage_at(_reserve(nbytes), _DEVICE, nbytes))
+    if stride is not None:
+        _set_layout(_META, t, spec.shape, stride, 0)
+    st._lx = LazyState(value, spec, stride)
     metrics.counter_inc("CreateXlaTensor")
     return t
 
 
-def new_view(parent: torch.Tensor, op: ViewOp, spec: TensorSpec) -> torch.Tensor:
-    """A lazy tensor viewing `parent` through `op`; writes to it reach the parent's base."""
+def new_view(
+    parent: torch.Tensor,
+    op: ViewOp,
+    spec: TensorSpec,
+    stride: tuple[int, ...] | None = None,
+    offset: int = 0,
+    root: LazyState | None = None,
+) -> torch.Tensor:
+    """A lazy tensor viewing `parent` through `op`; writes to it reach the parent's base.
+
+    `stride`/`offset`: eager's layout for the view (None/0: contiguous at the storage start);
+    `root`: `op` reads the root base itself (as_strided), not `parent`."""
     ps = state(parent)
-    value = op.apply(read(ps))
+    base = ps.base or ps
+    value = op.apply(read(root or ps))
     t = _create_empty(spec.shape, spec.dtype)
-    s = LazyState(value, spec)
-    root = ps.base or ps
-    s.base = root
-    s.chain = (*ps.chain, op) if ps.base is not None else (op,)
-    s.seen = root.version
-    t.untyped_storage()._lx = s
+    pst = parent.untyped_storage()
+    st = t.untyped_storage()
+    st._swap_data_ptr_(_storage_at(pst.data_ptr(), _DEVICE, pst.nbytes()))
+    if stride is not None or offset:
+        _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), offset)
+    s = LazyState(value, spec, None)
+    s.base = base
+    if root is not None:
+        s.chain = (op,)
+    else:
+        s.chain = (*ps.chain, op) if ps.base is not None else (op,)
+    s.seen = base.version
+    st._lx = s
     metrics.counter_inc("CreateXlaTensor")
     return t
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def check_device(device: torch.device | None) -> None:
+    """Refuse a lazyxla device other than jax:0 instead of silently using jax:0.
+
+    lazyxla drives one device per process (as torch_xla's runtime does: `xla:0`); several devices
+    are used through SPMD sharding over a mesh, or one process per device."""
+    if device is None or device.type != DEVICE_TYPE or device.index in (None, 0):
+        return
+    raise RuntimeError(
+        f"lazyxla places tensors on one device per process, '{DEVICE_TYPE}:0' "
+        f"(lazyxla.device()), but '{device}' was requested. To use several devices, shard over a "
+        "mesh (lazyxla.distributed.spmd.mark_sharding) or run one process per device."
+    )
 
 
 def state(t: torch.Tensor) -> LazyState:

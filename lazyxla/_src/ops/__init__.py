@@ -80,7 +80,9 @@ def install() -> None:
 
     functional = {op: lw for op, lw in LOWERINGS.items() if not _writes(op)}
     for op, lw in functional.items():
-        if op in VIEWS:
+        if op is aten.as_strided.default:
+            dispatch.register_kernel(op, dispatch.as_strided_kernel(lw.rule, SCATTERS[op]))
+        elif op in VIEWS:
             dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
         else:
             dispatch.register_kernel(op, dispatch.functional_kernel(op, lw))

@@ -105,7 +105,8 @@ def t(x):
     return x.T
 
 
-@view_op(aten.expand.default)
+# Writable only when it broadcasts nothing (dispatch refuses writes to overlapping views).
+@view_op(aten.expand.default, scatter=_reshape_back)
 def expand(x, size, implicit=False):
     lead = len(size) - x.ndim
     size = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
@@ -172,7 +173,7 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(x, offset, _norm_dim(dim1, x.ndim), _norm_dim(dim2, x.ndim))
 
 
-def _strided_index(shape, size, stride, offset):
+def _strided_index(size, stride, offset):
     idx = np.full(tuple(size), offset or 0, dtype=np.int64)
     for d, (n, st) in enumerate(zip(size, stride)):
         r = np.arange(n) * st
@@ -180,28 +181,102 @@ def _strided_index(shape, size, stride, offset):
     return idx
 
 
+def _memory_order(shape, stride):
+    """The permutation that lays a dense tensor out in its storage order (outermost first)."""
+    return sorted(range(len(shape)), key=lambda d: -stride[d])
+
+
+def _storage_flat(root, root_stride):
+    if root_stride is not None:
+        root = jnp.transpose(root, _memory_order(root.shape, root_stride))
+    return root.reshape(-1)
+
+
+def _as_strided_scatter_root(root, new, size, stride, offset, root_shape, root_stride):
+    idx = _strided_index(size, stride, offset).reshape(-1)
+    flat = _storage_flat(root, root_stride).at[idx].set(new.reshape(-1).astype(root.dtype))
+    if root_stride is None:
+        return flat.reshape(root.shape)
+    order = _memory_order(root.shape, root_stride)
+    return jnp.transpose(flat.reshape([root.shape[d] for d in order]), np.argsort(order))
+
+
+# `as_strided` reads the root base's storage (dispatch.as_strided_kernel gives the rule the root's
+# value, shape and strides); as_strided_scatter and as_strided_copy act on a contiguous input.
+@view_op(aten.as_strided.default, scatter=_as_strided_scatter_root)
+def as_strided(root, size, stride, offset, root_shape, root_stride):
+    return _storage_flat(root, root_stride)[_strided_index(size, stride, offset)]
+
+
 def _as_strided_scatter(parent, new, size, stride, storage_offset=None):
-    idx = _strided_index(parent.shape, size, stride, storage_offset)
-    return parent.reshape(-1).at[idx.reshape(-1)].set(new.reshape(-1)).reshape(parent.shape)
+    return _as_strided_scatter_root(parent, new, size, stride, storage_offset or 0, None, None)
 
 
-@view_op(aten.as_strided.default, scatter=_as_strided_scatter)
-def as_strided(x, size, stride, storage_offset=None):
-    idx = _strided_index(x.shape, size, stride, storage_offset)
-    return x.reshape(-1)[idx]
+def _unfold_index(n, size, step):
+    return np.arange((n - size) // step + 1)[:, None] * step + np.arange(size)[None, :]
 
 
-@lowering(aten.unfold.default)
+def _unfold_scatter(parent, new, dimension, size, step):
+    """Write windows back (dispatch refuses it when windows overlap, as memory order decides)."""
+    if parent.ndim == 0:
+        return new.reshape(())
+    d = _norm_dim(dimension, parent.ndim)
+    idx = _unfold_index(parent.shape[d], size, step)
+    g = jnp.moveaxis(new, -1, d + 1).reshape(parent.shape[:d] + (idx.size,) + parent.shape[d + 1 :])
+    return parent.at[(slice(None),) * d + (idx.reshape(-1),)].set(g.astype(parent.dtype))
+
+
+@view_op(aten.unfold.default, scatter=_unfold_scatter)
 def unfold(x, dimension, size, step):
     d = _norm_dim(dimension, max(x.ndim, 1))
     if x.ndim == 0:
         return x.reshape(1)
-    n = (x.shape[d] - size) // step + 1
-    starts = np.arange(n) * step
-    idx = starts[:, None] + np.arange(size)[None, :]
+    idx = _unfold_index(x.shape[d], size, step)
     out = jnp.take(x, idx.reshape(-1), axis=d)
-    out = out.reshape(x.shape[:d] + (n, size) + x.shape[d + 1 :])
+    out = out.reshape(x.shape[:d] + idx.shape + x.shape[d + 1 :])
     return jnp.moveaxis(out, d + 1, -1)
+
+
+# --- view(dtype): the same bytes read as another dtype --------------------------------------------
+
+
+def _bitcast(x, dtype):
+    """`x`'s bits as `dtype`; the last dimension scales by the itemsize ratio (PyTorch's rule)."""
+    src, dst = np.dtype(x.dtype), np.dtype(dtype)
+    if src == dst:
+        return x
+    if dst == np.bool_:
+        return _bitcast(x, np.uint8) != 0
+    if src == np.bool_:
+        return _bitcast(x.astype(np.uint8), dst)
+    if dst.kind == "c":  # pairs of real parts become complex numbers
+        part = np.dtype(f"float{dst.itemsize * 4}")
+        r = _bitcast(x, part).reshape(x.shape[:-1] + (-1, 2))
+        return lax.complex(r[..., 0], r[..., 1])
+    if src.kind == "c":
+        parts = jnp.stack([jnp.real(x), jnp.imag(x)], -1).reshape(x.shape[:-1] + (-1,))
+        return _bitcast(parts, dst)
+    if src.itemsize > dst.itemsize:  # one element becomes several
+        out = lax.bitcast_convert_type(x, dst)
+        return out.reshape(x.shape[:-1] + (-1,))
+    if src.itemsize < dst.itemsize:
+        ratio = dst.itemsize // src.itemsize
+        return lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (-1, ratio)), dst)
+    return lax.bitcast_convert_type(x, dst)
+
+
+def _jnp_dtype(dtype):
+    from ..runtime import jnp_dtype
+
+    return jnp_dtype(dtype)
+
+
+@view_op(
+    aten.view.dtype,
+    scatter=lambda parent, new, dtype: _bitcast(new, parent.dtype).reshape(parent.shape),
+)
+def view_dtype(x, dtype):
+    return _bitcast(x, _jnp_dtype(dtype))
 
 
 # --- non-view shape ops ---------------------------------------------------------------------------

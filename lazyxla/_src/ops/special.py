@@ -9,7 +9,7 @@ import torch
 from .. import graph, metrics, runtime, sharding
 from ..dispatch import cast_value, register_kernel
 from ..ir import TensorSpec
-from ..tensor import DEVICE_TYPE, new_tensor, read, state, write
+from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 
 aten = torch.ops.aten
 
@@ -22,11 +22,38 @@ def _spec(t: torch.Tensor, dtype: torch.dtype | None = None) -> TensorSpec:
     return TensorSpec(tuple(t.shape), dtype or t.dtype)
 
 
-def upload(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A CPU tensor → a new lazy tensor holding a device copy."""
+def upload(
+    t: torch.Tensor, dtype: torch.dtype | None = None, stride: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """A CPU tensor → a new lazy tensor holding a device copy (`stride`: its layout)."""
+    runtime.check_dtype(dtype or t.dtype, "a copy to the lazyxla device")
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
-    return new_tensor((sharding.upload_node(t), 0), _spec(t))
+    return new_tensor((sharding.upload_node(t), 0), _spec(t), stride)
+
+
+_COPY_LAYOUTS: dict[tuple, tuple[int, ...] | None] = {}
+
+
+def _copy_layout(x: torch.Tensor, memory_format: Any) -> tuple[int, ...] | None:
+    """Eager's strides for a copy of `x` (`memory_format=None` preserves a dense layout), or None
+    when contiguous."""
+    if memory_format is None and x.is_contiguous():
+        return None
+    key = (x.shape, x.stride(), memory_format)
+    hit = _COPY_LAYOUTS.get(key, ())
+    if hit == ():
+        meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        out = aten._to_copy(meta, memory_format=memory_format)
+        hit = _COPY_LAYOUTS[key] = _noncontiguous(out)
+    return hit
+
+
+def _noncontiguous(t: torch.Tensor) -> tuple[int, ...] | None:
+    from ..tensor import contiguous_strides
+
+    stride = tuple(t.stride())
+    return None if stride == contiguous_strides(tuple(t.shape)) else stride
 
 
 def materialize(t: torch.Tensor) -> Any:
@@ -50,14 +77,20 @@ def _to_copy(
     memory_format: Any = None,
 ) -> torch.Tensor:
     target = torch.device(device) if device is not None else x.device
+    check_device(target)
+    stride = _copy_layout(x, memory_format)
     if x.device.type != DEVICE_TYPE:  # host → device
-        return upload(x, dtype)
+        return upload(x, dtype, stride)
     if target.type != DEVICE_TYPE:  # device → host
         out = download(x)
-        return out.to(device=target, dtype=dtype or out.dtype)
+        out = out.to(device=target, dtype=dtype or out.dtype)
+        if stride is not None:
+            out = torch.empty_strided(out.shape, stride, dtype=out.dtype).copy_(out)
+        return out
     metrics.counter_inc("xla::_to_copy")
+    runtime.check_dtype(dtype or x.dtype, "aten::_to_copy")
     spec = _spec(x, dtype)
-    return new_tensor(cast_value(read(state(x)), spec), spec)
+    return new_tensor(cast_value(read(state(x)), spec), spec, stride)
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

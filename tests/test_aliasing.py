@@ -1,0 +1,223 @@
+"""Copy versus alias: a lazy tensor aliases another exactly when the eager CPU tensor does.
+
+Each case runs one program on eager CPU and on lazyxla and compares every returned tensor's value,
+shape, strides and storage offset, and for every pair whether they alias (`_base`, storage
+`data_ptr()` equality, shared version counters). Regression tests for issue 10, case 1-3 and 7.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazyxla
+
+DEV = lazyxla.device()
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.is_contiguous())
+
+
+def _aliasing(ts: list[torch.Tensor]) -> list[tuple]:
+    """Per pair: same storage pointer, same data pointer; per tensor: which one is its base."""
+    ptr = [t.untyped_storage().data_ptr() for t in ts]
+    out = []
+    for i, a in enumerate(ts):
+        base = next((j for j, b in enumerate(ts) if a._base is b), None)
+        out.append(("base", i, a._base is None, base))
+        for j in range(i + 1, len(ts)):
+            out.append(("pair", i, j, ptr[i] == ptr[j], a.data_ptr() == ts[j].data_ptr()))
+    return out
+
+
+def check(program, *inputs: torch.Tensor, grad: bool = False) -> None:
+    """Run `program(*inputs)` (returns a list of tensors) eagerly and on lazyxla; compare all."""
+
+    def run(device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        xs = [x.detach().clone().to(device) for x in inputs]
+        xs = [x.requires_grad_(grad and x.is_floating_point()) for x in xs]
+        return xs, program(*xs)
+
+    exs, eouts = run(torch.device("cpu"))
+    lxs, louts = run(DEV)
+    assert [_layout(t) for t in louts] == [_layout(t) for t in eouts]
+    assert _aliasing(lxs + louts) == _aliasing(exs + eouts)
+    for e, lz in zip(exs + eouts, lxs + louts):
+        torch.testing.assert_close(lz.detach().cpu(), e.detach(), rtol=0, atol=0, equal_nan=True)
+    if grad:
+        sum(o.sum() for o in eouts if o.requires_grad).backward()
+        sum(o.sum() for o in louts if o.requires_grad).backward()
+        for e, lz in zip(exs, lxs):
+            if e.grad is not None:
+                torch.testing.assert_close(lz.grad.cpu(), e.grad, rtol=0, atol=0)
+
+
+def _m() -> torch.Tensor:
+    return torch.arange(12.0).reshape(3, 4)
+
+
+def test_contiguous_of_transpose_is_a_copy():
+    def prog(b):
+        c = b.t().contiguous()
+        c.zero_()
+        return [c]
+
+    check(prog, _m())
+
+
+def test_contiguous_of_contiguous_is_self():
+    check(lambda b: [b.contiguous(), b.view(4, 3).contiguous()], _m())
+
+
+def test_reshape_and_flatten_copy_when_eager_does():
+    def prog(b):
+        t = b.t()
+        r, f = t.reshape(-1), t.flatten()
+        r.add_(1)
+        f.mul_(2)
+        v = b.reshape(2, 6)  # viewable: an alias
+        v.sub_(1)
+        return [t, r, f, v]
+
+    check(prog, _m())
+
+
+def test_transpose_contiguous_mul_keeps_gradients():
+    """`q = x.transpose(0, 1).contiguous(); q.mul_(0.5)` used to halve x and its gradient."""
+
+    def prog(x):
+        q = x.transpose(0, 1).contiguous()
+        q.mul_(0.5)
+        return [q, x * 3]
+
+    check(prog, _m(), grad=True)
+
+
+def test_inplace_on_contiguous_copy_of_leaf_view():
+    """`w.t().contiguous().mul_(2)` on a leaf raised "a view of a leaf Variable"."""
+    check(lambda w: [w.t().contiguous().mul_(2)], _m(), grad=True)
+
+
+def test_expand_contiguous_is_writable_and_expand_is_not():
+    check(lambda x: [x.expand(3, 4).contiguous().add_(1)], torch.arange(4.0))
+    x = torch.arange(4.0).to(DEV)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        x.expand(3, 4).add_(1)
+    # Expanding without broadcasting keeps distinct elements: writable, as in eager.
+    check(lambda x: [x.expand(1, 4).add_(1)], torch.arange(4.0).reshape(1, 4))
+
+
+def test_elementwise_output_keeps_input_layout():
+    def prog(b):
+        y = b.t() * 2  # eager keeps the transposed layout: y is not contiguous
+        z = y.reshape(-1)  # so this copies
+        z.zero_()
+        return [y, z, y.clone(), torch.empty_like(y).zero_()]
+
+    check(prog, _m())
+
+
+def test_view_of_noncontiguous_raises_like_eager():
+    b = _m()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        b.t().view(-1)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        b.to(DEV).t().view(-1)
+
+
+def test_slices_and_selects_have_eager_offsets_and_pointers():
+    def prog(b):
+        return [b[1], b[:, 1::2], b[1:, 2], b.narrow(1, 1, 2), b.diagonal(), *b.unbind(1)]
+
+    check(prog, _m())
+
+
+def test_version_counter_is_shared_with_views_only():
+    for dev in ("cpu", DEV):
+        b = _m().to(dev)
+        v, c = b.t(), b.t().contiguous()
+        before = (v._version, c._version)
+        b.add_(1)
+        assert (v._version > before[0], c._version > before[1]) == (True, False), dev
+
+
+def test_unfold_is_a_view():
+    def prog(x):
+        u = x.unfold(1, 2, 2)
+        u.mul_(10)
+        return [u]
+
+    check(prog, _m())
+    check(lambda x: [x.unfold(0, 2, 1)], _m())
+    # Overlapping windows: eager's result depends on its memory order; lazyxla refuses.
+    with pytest.raises(RuntimeError, match="more than one element"):
+        _m().to(DEV).unfold(1, 2, 1).add_(1)
+
+
+def test_view_dtype_reinterprets_bits():
+    f = torch.tensor([1.0, -2.0])
+    lz = f.to(DEV)
+    assert lz.view(torch.int32).cpu().tolist() == [1065353216, -1073741824]
+    assert lz.view(torch.uint8).shape == (8,)
+    for dtype in (torch.int32, torch.uint8, torch.int16, torch.bfloat16, torch.float16):
+        check(lambda x, dt=dtype: [x.view(dt)], torch.randn(4, 6))
+    check(lambda x: [x.view(torch.float64), x.view(torch.complex64)], torch.randn(3, 4))
+    check(lambda x: [x.view(torch.float32)], torch.randint(-(2**31), 2**31 - 1, (2, 4)))
+    check(lambda x: [x.view(torch.float32)], torch.randn(2, 3, dtype=torch.complex64))
+
+
+def test_write_through_view_dtype_reaches_base():
+    def prog(x):
+        i = x.view(torch.int32)
+        i.bitwise_xor_(-(2**31))  # flips every sign bit
+        return [i]
+
+    check(prog, torch.randn(3, 4))
+
+
+def test_as_strided_reads_storage_order():
+    def prog(x):
+        y = x.t() * 1  # a base whose storage order is transposed
+        return [y.as_strided((4,), (2,), 1), x.as_strided((2, 2), (1, 4), 3)]
+
+    check(prog, _m())
+
+    def writes(x):
+        v = x.as_strided((3, 2), (4, 1), 1)
+        v.zero_()
+        return [v]
+
+    check(writes, _m())
+
+
+def test_as_strided_out_of_bounds_raises():
+    for x in (_m(), _m().to(DEV)):
+        with pytest.raises(RuntimeError, match="out of bounds for storage"):
+            x.as_strided((4, 4), (4, 1))
+
+
+def test_to_preserves_a_dense_layout():
+    check(lambda x: [x.t().to(torch.float64), x.t().clone()], _m())
+    x = _m().t()
+    assert x.to(DEV).stride() == x.stride()
+    assert x.to(DEV).cpu().stride() == x.stride()
+    cl = torch.randn(2, 3, 4, 5).to(DEV).contiguous(memory_format=torch.channels_last)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_distinct_tensors_have_distinct_storage_pointers():
+    """transformers' tied-weight detection compares storage pointers."""
+    lin = torch.nn.Linear(4, 4).to(DEV)
+    a, b = lin.weight, lin.bias
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert a.untyped_storage().data_ptr() == a.detach().untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("spec", ["jax:5", "jax:99"])
+def test_device_index_other_than_zero_raises(spec):
+    with pytest.raises(RuntimeError, match="one device per process"):
+        torch.ones(2).to(spec)
+    with pytest.raises(RuntimeError, match="one device per process"):
+        torch.zeros(2, device=spec)
+    assert torch.ones(2).to("jax:0").device == DEV

@@ -1,0 +1,44 @@
+"""Bad input gets a clear error at the user's line and loses nothing (issue 10)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazyxla
+
+DEV = lazyxla.device()
+FLOAT8 = [
+    torch.float8_e4m3fn,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+]
+
+
+def test_complex32_raises_at_the_creating_op_with_the_user_line():
+    x = torch.randn(4).to(DEV)
+    with pytest.raises(TypeError, match=r"complex32 \(the result of aten::_to_copy, at .*test_bad"):
+        x.to(torch.complex32)
+    with pytest.raises(TypeError, match=r"complex32 \(the result of aten::zeros, at .*test_bad"):
+        torch.zeros(3, dtype=torch.complex32, device=DEV)
+    with pytest.raises(TypeError, match="complex32"):
+        torch.zeros(3, dtype=torch.complex32).to(DEV)
+    # Nothing was lost: the input is still usable and later syncs run.
+    y = x * 2
+    lazyxla.sync()
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_float8_round_trips_and_converts_like_eager(dtype):
+    src = torch.randn(64) * 8
+    if dtype == torch.float8_e8m0fnu:
+        src = src.abs() + 2.0**-10  # unsigned exponent-only format
+    eager = src.to(dtype)
+    lazy = src.to(DEV).to(dtype)
+    assert lazy.dtype == dtype
+    assert torch.equal(lazy.cpu().view(torch.uint8), eager.view(torch.uint8))
+    assert torch.equal(eager.to(DEV).cpu().view(torch.uint8), eager.view(torch.uint8))
+    assert torch.equal(eager.to(DEV).float().cpu(), eager.float())
