@@ -64,7 +64,7 @@ def use_spmd(auto: bool = False) -> None:
         node = s.value[0]
         if node.op == "xla::device_data" and s.base is None and s.sharding is None:
             arr = jax.device_put(node.data, replicated)
-            s.value = (device_data(arr, s.spec, sharding=replicated), 0)
+            s.value = (device_data(arr, s.spec, sharding=sharding_key(replicated, arr.ndim)), 0)
 
 
 def is_spmd() -> bool:
@@ -90,12 +90,22 @@ def upload_node(t: torch.Tensor) -> Any:
     if not _spmd:
         return device_data(runtime.host_to_device(t), spec)
     placement = _all_devices_replicated()
-    return device_data(runtime.host_to_device(t, placement), spec, sharding=placement)
+    arr = runtime.host_to_device(t, placement)
+    return device_data(arr, spec, sharding=sharding_key(placement, arr.ndim))
 
 
 def output_sharding(arr: jax.Array) -> Any:
     """The descriptor part of an executable's output: its sharding, in SPMD mode."""
-    return arr.sharding if _spmd else None
+    return sharding_key(arr.sharding, arr.ndim) if _spmd else None
+
+
+def sharding_key(sharding: Any, ndim: int) -> Any:
+    """A device-data node's sharding as it enters the graph key: canonical, so equivalent
+    shardings (the NamedSharding an input was given, the GSPMDSharding XLA hands back for the
+    same layout) are one key and the executable is reused."""
+    if sharding is None:
+        return None
+    return (sharding._to_xla_hlo_sharding(ndim), sharding._device_assignment)
 
 
 class Mesh:
@@ -377,7 +387,7 @@ def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedShardi
     if node.op == "xla::device_data" and s.base is None and _divides(named, spec.shape):
         with metrics.timed("TransferToDeviceTime"):
             arr = jax.device_put(node.data, named)
-        s.value = (device_data(arr, spec, sharding=named), 0)
+        s.value = (device_data(arr, spec, sharding=sharding_key(named, arr.ndim)), 0)
     else:
         # A pending value, or an uneven split (jax arrays hold only even shardings; XLA pads
         # inside the graph): the annotation becomes a sharding constraint in the graph.
