@@ -4,6 +4,14 @@ Each case trains the same model from identical initial weights on identical data
 the CPU and once on `lazyxla.device()` with one `lazyxla.sync()` per step, and compares the float32
 losses at every step and the parameters at the end. After the second step (the first step has no
 optimizer state yet, so its graph differs) every step must hit the graph cache.
+
+Note [Float64 reference]: both float32 runs are measured against a third, in float64 on the CPU,
+and lazyxla must be no farther from it than eager is, plus a few float32 ulps. Eager's own float32
+rounding depends on the CPU (MKL and oneDNN pick their kernels, and so their summation orders, by
+ISA: AVX2 or AVX-512), and so does XLA's; a tolerance on lazyxla - eager tuned on one machine
+therefore fails on another where both are equally accurate, and passes a lowering that is
+consistently less accurate than eager as long as it fits. The distance to float64 measures what
+matters (accuracy) on any machine.
 """
 
 from __future__ import annotations
@@ -21,8 +29,11 @@ from lazyxla.debug import metrics
 from lazyxla.models import MLP, Decoder, DecoderConfig
 
 STEPS = 20
-RTOL = 1e-5
-ATOL = 1e-5
+# Note [Float64 reference]. On an AVX-512 EPYC, lazyxla's excess over eager's distance is at most
+# 1.2 ulps of the loss and 2.3 ulps of a parameter tensor's mean magnitude (decoder, Adam).
+LOSS_ULPS = 8  # per step: |loss - loss64| <= eager's + LOSS_ULPS ulps of loss64
+PARAM_ULPS = 32  # per tensor: mean |p - p64| <= eager's + PARAM_ULPS ulps of mean |p64|
+F32_EPS = torch.finfo(torch.float32).eps
 
 TINY_DECODER = DecoderConfig(
     vocab_size=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, ffn_dim=64
@@ -30,8 +41,9 @@ TINY_DECODER = DecoderConfig(
 
 # Adam's update is g / (|g| + eps) early on: where |g| is near eps, a 1-ulp difference in a gradient
 # (XLA and eager CPU sum matmuls in different orders) moves the parameter by ~lr / 100, and a ReLU
-# that flips as a result amplifies it further. eps=1e-6 keeps that chaos below the 1e-5 tolerance
-# without changing what is compared (the lowering of every op of the step).
+# that flips as a result amplifies it further. eps=1e-6 keeps such elements rare; the parameters
+# are compared by their mean distance to float64 (Note [Float64 reference]), which the few left
+# move by an ulp or two, where a lowering that rounds worse than eager moves it everywhere.
 OPTIMIZERS = {
     "SGD": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}),
     "Adam": (torch.optim.Adam, {"lr": 1e-3, "weight_decay": 1e-4, "eps": 1e-6}),
@@ -100,11 +112,34 @@ def _train(model, opt, batches, loss_fn, device, on_step=None):
     return [float(v.item()) for v in losses]
 
 
+def _float64(batches: list) -> list:
+    return [tuple(t.double() if t.is_floating_point() else t for t in b) for b in batches]
+
+
+def _assert_no_farther_than_eager(eager, lazy, ref, ulps: int, what: str) -> None:
+    """Note [Float64 reference]: `lazy` is no farther from `ref` than `eager`, plus `ulps` float32
+    ulps of `ref`'s magnitude (for tensors: mean distance, mean magnitude)."""
+    if isinstance(ref, torch.Tensor):
+        ref = ref.detach()
+        de = (eager.detach().double() - ref).abs().mean().item()
+        dl = (lazy.detach().cpu().double() - ref).abs().mean().item()
+        scale = ref.abs().mean().item()
+        values = ""
+    else:
+        de, dl, scale = abs(eager - ref), abs(lazy - ref), abs(ref)
+        values = f" (lazyxla {lazy}, eager {eager}, float64 {ref})"
+    allowed = de + ulps * F32_EPS * scale
+    assert dl <= allowed, (
+        f"{what}: lazyxla is {dl:.3g} from float64, eager {de:.3g}, allowed {allowed:.3g}{values}"
+    )
+
+
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
-    """20 steps on lazyxla and on CPU agree (losses at each step, parameters at the end)."""
+    """20 steps on lazyxla are as close to float64 as eager's (losses at each step, parameters at
+    the end; Note [Float64 reference])."""
     make_model, batches, loss_fn = CASES[case](STEPS)
     opt_cls, opt_kwargs = OPTIMIZERS[opt_name]
     opt_kwargs = {**opt_kwargs, **IMPLS[impl]}
@@ -112,6 +147,16 @@ def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
     torch.manual_seed(0)
     cpu_model = make_model()
     dev_model = copy.deepcopy(cpu_model).to(lazyxla.device())
+    ref_model = copy.deepcopy(cpu_model).double()
+    # Every implementation computes the same update; the reference uses the single-tensor one.
+    ref_kwargs = {k: v for k, v in opt_kwargs.items() if k not in ("foreach", "fused")}
+    ref_losses = _train(
+        ref_model,
+        opt_cls(ref_model.parameters(), foreach=False, **ref_kwargs),
+        _float64(batches),
+        loss_fn,
+        torch.device("cpu"),
+    )
 
     cpu_losses = _train(
         cpu_model,
@@ -132,14 +177,12 @@ def test_training_matches_eager(case: str, opt_name: str, impl: str) -> None:
         on_step=lambda i: compiles.append(_uncached()),
     )
 
-    for i, (a, b) in enumerate(zip(cpu_losses, dev_losses, strict=True)):
-        assert b == pytest.approx(a, rel=RTOL, abs=0.0), f"step {i}: lazyxla {b} vs eager {a}"
-    for (name, p_cpu), (_, p_dev) in zip(
-        cpu_model.named_parameters(), dev_model.named_parameters(), strict=True
+    for i, (a, b, r) in enumerate(zip(cpu_losses, dev_losses, ref_losses, strict=True)):
+        _assert_no_farther_than_eager(a, b, r, LOSS_ULPS, f"step {i} loss")
+    for (name, p_cpu), p_dev, p_ref in zip(
+        cpu_model.named_parameters(), dev_model.parameters(), ref_model.parameters(), strict=True
     ):
-        torch.testing.assert_close(
-            p_dev.detach().cpu(), p_cpu.detach(), rtol=RTOL, atol=ATOL, msg=name
-        )
+        _assert_no_farther_than_eager(p_cpu, p_dev, p_ref, PARAM_ULPS, name)
     assert compiles[-1] == compiles[1], f"UncachedCompile grew after step 2: {compiles}"
     after = _fallback_counts()
     fallbacks = [op for op, n in after.items() if n > fallbacks_before.get(op, 0)]

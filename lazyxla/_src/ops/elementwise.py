@@ -167,11 +167,31 @@ def rsub(x, y, alpha=1):
     return y - x if is_const(alpha, 1) else y - x * alpha
 
 
+# Note [Broadcast divisors]: XLA's algebraic simplifier rewrites a / broadcast(b) as
+# a * broadcast(1 / b) (on the CPU for any b, on every backend when b is a constant). That rounds
+# twice, once for 1 / b and once for the product: up to ~1 ulp instead of eager's 0.5, and biased
+# the same way for every element (all of them share the one rounded reciprocal). Adam divides its
+# whole sqrt(exp_avg_sq) by the Python float sqrt(1 - beta2**step) every step, so the bias
+# compounds (tests/test_optim_precision.py). A float32 quotient with a broadcast divisor is
+# therefore computed in float64 (XLA may still use the reciprocal there) and rounded once to
+# float32: float64's error is far below the distance from any float32 quotient to a float32
+# rounding boundary, so the result is the correctly rounded float32 quotient, bit for bit eager's.
+
+
+def _true_divide(x, y):
+    """`x / y` for a floating result, correctly rounded (Note [Broadcast divisors])."""
+    out = jnp.result_type(x, y)
+    if out == jnp.float32 and jnp.shape(y) != jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y)):
+        wide = jnp.asarray(x, out).astype(jnp.float64) / jnp.asarray(y, out).astype(jnp.float64)
+        return wide.astype(out)
+    return jnp.true_divide(x, y)
+
+
 def _div(x, y, rounding_mode=None):
     if rounding_mode is None:
         if not jnp.issubdtype(jnp.result_type(x, y), jnp.inexact):
             x = jnp.asarray(x, jnp.float32)
-        return jnp.true_divide(x, y)
+        return _true_divide(x, y)
     q = jnp.true_divide(x, y) if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) else None
     if rounding_mode == "trunc":
         if q is None:
