@@ -42,3 +42,41 @@ def test_float8_round_trips_and_converts_like_eager(dtype):
     assert torch.equal(lazy.cpu().view(torch.uint8), eager.view(torch.uint8))
     assert torch.equal(eager.to(DEV).cpu().view(torch.uint8), eager.view(torch.uint8))
     assert torch.equal(eager.to(DEV).float().cpu(), eager.float())
+
+
+def test_failed_graph_poisons_only_the_failing_tensor():
+    """An out-of-memory tensor fails its sync; every other tensor keeps its value, later steps
+    run, and the failing tensor (and what is computed from it) raises its error when used."""
+    a = torch.ones(3).to(DEV) * 2
+    big = torch.zeros(2**40, device=DEV)  # 4 TiB: XLA cannot allocate it
+    b = a + 1
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED|[Oo]ut of memory"):
+        lazyxla.sync()
+    torch.testing.assert_close(b.cpu(), torch.full((3,), 3.0))
+    c = a * 3
+    lazyxla.sync()
+    torch.testing.assert_close(c.cpu(), torch.full((3,), 6.0))
+    with pytest.raises(RuntimeError, match="could not be computed by an earlier sync"):
+        big.cpu()
+    derived = big[:4] + 1
+    with pytest.raises(RuntimeError, match="could not be computed by an earlier sync"):
+        lazyxla.sync()
+    with pytest.raises(RuntimeError, match="could not be computed by an earlier sync"):
+        derived.cpu()
+    del big, derived
+    d = a - 1
+    lazyxla.sync()
+    torch.testing.assert_close(d.cpu(), torch.ones(3))
+
+
+def test_cpu_tensor_that_requires_grad_is_refused_like_cuda():
+    x = torch.randn(3).to(DEV).requires_grad_()
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="same device.*jax:0 and cpu.*test_bad_input"):
+        x * w
+    # Without a gradient to send back, a CPU operand is moved over (counted as a transfer).
+    with torch.no_grad():
+        torch.testing.assert_close((x * w).cpu(), x.detach().cpu() * w.detach())
+    y = x * w.detach()
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), w.detach())

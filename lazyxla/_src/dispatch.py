@@ -14,6 +14,7 @@ Ops with neither a lowering nor a decomposition go to the CPU fallback in fallba
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import metrics, runtime
-from .ir import Node, Ref, TensorSpec, rng_scalar, scalar
+from .ir import Node, Ref, TensorSpec, _exact, _user_frame, rng_scalar, scalar
 from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
@@ -103,8 +104,10 @@ def _sig(v: Any) -> Any:
         return (v.shape, v.dtype, v.is_cpu)  # torch.Size hashes like a tuple
     if isinstance(v, (list, tuple)):
         return tuple(map(_sig, v))
-    if isinstance(v, float):
-        return (float,)  # a scalar's value never changes a shape; its type changes a dtype
+    if isinstance(v, (float, complex)):
+        # A scalar's value never changes a shape; its type changes a dtype. (Keyed by value, a
+        # NaN would also miss the cache on every call: nan != nan.)
+        return (type(v),)
     if isinstance(v, (bool, int)):
         return (type(v), v)  # 4, 4.0 and True == 1 are equal dict keys: keep the type apart
     if isinstance(v, torch.Generator):
@@ -264,7 +267,7 @@ def infer_layout(
     key = (
         op,
         *[
-            (float, v) if a.kind == STATIC and type(v) is float else _layout_sig(v)
+            (float, _exact(v)) if a.kind == STATIC and type(v) is float else _layout_sig(v)
             for a, v in zip(specs, vals)
         ],
     )
@@ -351,23 +354,87 @@ def _wrap_outputs(node: Node, struct: Any, counter: list[int], strides: Any = No
 
 
 def _is_unit(v: Any) -> bool:
-    return type(v) is bool or (v == 0 or v == 1)
+    """0 and 1 (and bools), baked into the node; other scalars are lifted to graph inputs.
+
+    -0.0 is not a unit: baked, it would share its node's descriptor (and so a compiled graph)
+    with 0.0, since -0.0 == 0.0 (`x / -0.0` would give +inf). See Note [Exact descriptors].
+    """
+    t = type(v)
+    if t is float:
+        return v == 1.0 or (v == 0.0 and math.copysign(1.0, v) > 0)
+    return t is bool or (t is int and (v == 0 or v == 1))
+
+
+# Note [Scalar precision]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# A Python scalar operand of a bf16/fp16 op reaches eager's CPU kernel in one of two precisions.
+# TensorIterator's generic binary kernels (add, sub, remainder, fmod, pow, atan2, comparisons) and
+# the ufunc-generated ones (add's alpha: `alpha.to<scalar_t>()`) cast it to the tensor's dtype
+# first: it is rounded to bf16. The kernels below read it at the op math type instead (float32):
+# mul, div and floor_divide take a wrapped-number `other` through
+# `iter.original_scalar_value<opmath_t>(2)`; lerp's weight, addcmul/addcdiv's value, addmm's
+# alpha and beta and the activations' parameters through `scalar.to<opmath_t>()`; the CPU
+# foreach ops loop over those same kernels. Lifting every scalar at the result dtype rounded
+# `bf16 * 0.3` by 0.3's bf16 error (half the elements off by an ulp), so the scalars of these ops
+# are lifted at float32: their rules compute in float32 (Note [Opmath]) and the interpreter
+# rounds the output once, where eager does. Ops that only store a scalar (fill, full,
+# masked_fill, where, index_fill, scatter, clamp's bounds) round it once either way, double ->
+# float -> bf16 in both (c10's BFloat16 and Half convert from float; `_scalar_vector` in graph.py
+# rounds a float16 input that way too), and keep the result dtype.
+_OPMATH_SCALARS = frozenset(
+    "aten::" + op
+    for op in (
+        "mul",
+        "div",
+        "floor_divide",
+        "lerp",
+        "addcmul",
+        "addcdiv",
+        "addmm",  # not addmv: its gemv reads alpha and beta as `to<scalar_t>()`
+        "addbmm",
+        "baddbmm",
+        "leaky_relu",
+        "leaky_relu_backward",
+        "elu",
+        "elu_backward",
+        "softplus",
+        "softplus_backward",
+        "softshrink",
+        "softshrink_backward",
+        "threshold",
+        "_foreach_mul",
+        "_foreach_div",
+        "_foreach_lerp",
+        "_foreach_addcmul",
+        "_foreach_addcdiv",
+    )
+)
+# Only mul/div read a wrapped number at opmath, and only as `other` (operand 2): a scalar `self`
+# (torch.mul(torch.tensor(0.3), x)) is cast to the common dtype.
+_OPMATH_OTHER = frozenset(
+    "aten::" + op for op in ("mul", "div", "floor_divide", "_foreach_mul", "_foreach_div")
+)
+_LOW_FLOATS = (torch.bfloat16, torch.float16)
 
 
 class Recorder:
     """Turns one call's arguments into (inputs, template) for a node."""
 
-    __slots__ = ("inputs", "ref")
+    __slots__ = ("inputs", "ref", "opmath", "opmath_other")
 
-    def __init__(self, ref: torch.Tensor | None) -> None:
+    def __init__(self, ref: torch.Tensor | None, op: str = "") -> None:
         self.inputs: list[tuple[Node, int]] = []
         self.ref = ref  # the tensor whose dtype anchors lifted scalars' dtypes
+        # Whether this op reads its bf16/fp16 scalars at float32 (Note [Scalar precision]).
+        self.opmath = op in _OPMATH_SCALARS
+        self.opmath_other = op in _OPMATH_OTHER
 
     def tensor(self, t: Any) -> Any:
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):  # a Python number in a Tensor slot (wrapped number)
-            return self.lift(t, torch.get_default_dtype())
+            other = self.opmath_other and bool(self.inputs)
+            return self._lift(t, torch.get_default_dtype(), other)
         if t.device.type == DEVICE_TYPE:
             self.inputs.append(read(state(t)))
             return Ref(len(self.inputs) - 1)
@@ -376,19 +443,36 @@ class Recorder:
             value = t.item()
             if _is_unit(value):
                 return value
+            # `other`, not `self`: a tensor was recorded before it (Note [Scalar precision]).
+            if dtype in _LOW_FLOATS and self.opmath_other and self.inputs:
+                dtype = torch.float32
             self.inputs.append((scalar(value, dtype), 0))
             return Ref(len(self.inputs) - 1)
-        # A CPU tensor among device tensors: move it over, counted like any transfer.
+        # A CPU tensor among device tensors: moved over, counted like any transfer (as indexing
+        # with a CPU index does on CUDA). One that needs a gradient is refused as CUDA refuses
+        # it: autograd would have to hand a device gradient to a CPU tensor.
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"{DEVICE_TYPE}:0 and cpu! (a CPU tensor of shape {tuple(t.shape)} that requires "
+                f"grad, at {_user_frame()}; move it with .to(lazyxla.device()) first)"
+            )
         from .sharding import upload_node
 
         self.inputs.append((upload_node(t), 0))
         return Ref(len(self.inputs) - 1)
 
     def lift(self, v: Any, dtype: torch.dtype) -> Any:
+        """A `Scalar` argument: lifted to a graph input unless a unit (or not a real number)."""
+        return self._lift(v, dtype, self.opmath)
+
+    def _lift(self, v: Any, dtype: torch.dtype, opmath: bool) -> Any:
         if v is None or isinstance(v, bool) or _is_unit(v) or not isinstance(v, (int, float)):
             return v
         if self.ref is not None:
             dtype = torch.result_type(self.ref, v)
+        if opmath and dtype in _LOW_FLOATS:
+            dtype = torch.float32  # Note [Scalar precision]
         self.inputs.append((scalar(v, dtype), 0))
         return Ref(len(self.inputs) - 1)
 
@@ -418,7 +502,7 @@ def record(
     """Build the node for one call; returns it and the output structure of lazy tensors."""
     flat: list[TensorSpec] = []
     _flat_specs(out_struct, flat)
-    rec = Recorder(_first_tensor(vals, specs))
+    rec = Recorder(_first_tensor(vals, specs), name)
     lift_dtype = flat[0].dtype if flat else torch.float32
     args: list[Any] = []
     kwargs: list[tuple[str, Any]] = []

@@ -101,10 +101,25 @@ def _held_data() -> set[int] | None:
     return held
 
 
+def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
+    """Lifted Python scalars as one vector of `dt`, each rounded as eager rounds it.
+
+    c10's Half (and BFloat16) convert from float, so eager turns a Python float into float16 in
+    two steps, double -> float -> half; numpy rounds double -> half in one, and differs where the
+    float32 step lands on a half-way point (1 + 2**-11 + 2**-40: eager 1.0, numpy 1.000977).
+    ml_dtypes' bfloat16 already goes through float32.
+    """
+    if dt == np.float16:
+        with np.errstate(over="ignore"):  # out of range: inf, as eager's cast gives
+            return np.asarray(values, np.float32).astype(np.float16)
+    return np.asarray(values, dtype=dt)
+
+
 class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
     def __init__(self, states: list[LazyState], donate: bool = False) -> None:
+        self.failed: FailedTensorError | None = None
         root_index: dict[tuple[int, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
@@ -138,13 +153,15 @@ class Capture:
                 parts.append((n.desc, tuple([(pos[id(x)], k) for x, k in n.inputs])))
             else:
                 parts.append(n.desc)
+                if n.op == ERROR:  # computed from a tensor that failed (Note [Failed graphs])
+                    self.failed = n.data
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
         self.donate = self._donation(nodes, root_values) if donate else ()
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         self.data = data
-        self.scalars = [np.asarray(v, dtype=dt) for dt, v in scalars.items()]
+        self.scalars = [_scalar_vector(v, dt) for dt, v in scalars.items()]
 
     @staticmethod
     def _donation(nodes: list[Node], root_values: list[tuple[Node, int]]) -> tuple[bool, ...]:
@@ -193,7 +210,7 @@ def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState
         candidates = list(tensors_states)
         for s in candidates:
             read(s)  # refresh stale views before capture
-    return [s for s in candidates if s.value[0].op != DEVICE_DATA]
+    return [s for s in candidates if s.value[0].op not in (DEVICE_DATA, ERROR)]
 
 
 def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
@@ -220,7 +237,14 @@ def sync_states(
     states: list[LazyState] | None, wait: bool = False, cause: str | None = None
 ) -> None:
     """Execute the pending values of `states` (all live tensors if None) and bind their data.
-    `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user sync, or a read of a value)."""
+    `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user sync, or a read of a value).
+
+    A graph that fails to compile or run loses nothing: the tensors that fail on their own keep
+    the error (raised when they are read or used), every other one gets its value, and the error
+    is raised here (Note [Failed graphs])."""
+    if states is not None:
+        for s in states:
+            raise_if_failed(s)
     pending = pending_states(states)
     if not pending:
         return
@@ -230,10 +254,25 @@ def sync_states(
             "Function execution is not allowed: an operation forced the pending graph to run "
             "inside a region compiled with full_graph=True (or after set_allow_execution(False))"
         )
-    cap = Capture(pending, donate=states is None and FLAGS.donate_buffers)
-    metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if cause is None:
         cause = analysis.USER_SYNC if states is None else analysis.VALUE_ACCESS
+    try:
+        _execute(pending, states is None and FLAGS.donate_buffers, cause, wait)
+    except ExecutionNotAllowed:
+        raise
+    except Exception as err:
+        if len(pending) == 1:
+            _fail(pending[0], err)
+        else:
+            _isolate(pending, cause)
+        raise
+
+
+def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> None:
+    cap = Capture(pending, donate=donate)
+    if cap.failed is not None:
+        raise cap.failed
+    metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if FLAGS.save_tensors_file:
         analysis.save_graph(cap)
     exe = compile_capture(cap, cause)
@@ -253,6 +292,65 @@ def sync_states(
     ]
     for s, r in cap.bindings:
         bind_data(s, data_nodes[r])
+
+
+# Note [Failed graphs]
+# When the graph of a sync fails (a dtype or size XLA rejects at compile, an allocation that fails
+# at run time), lazyxla finds the tensors that fail on their own by bisection (compiling halves of
+# the pending set: O(k log n) compiles for k failing tensors, and only on the error path), runs
+# the rest, and gives each failing tensor an `xla::error` value that holds its error. Such a
+# tensor is no longer pending, so later syncs run; reading it, or a sync of a value computed from
+# it, raises its error again. Without this, one bad tensor made every later sync fail until it
+# was deleted.
+ERROR = "xla::error"
+
+
+class FailedTensorError(RuntimeError):
+    """A tensor whose value an earlier sync could not compute."""
+
+
+def _fail(s: LazyState, err: BaseException) -> None:
+    if isinstance(err, FailedTensorError):  # computed from a failed tensor: the same error
+        _set_error(s, err)
+        return
+    lines = str(err).strip().splitlines()
+    error = FailedTensorError(
+        "this tensor's value could not be computed by an earlier sync "
+        f"({type(err).__name__}: {lines[0] if lines else ''})"
+    )
+    error.__cause__ = err
+    _set_error(s, error)
+
+
+def _set_error(s: LazyState, error: FailedTensorError) -> None:
+    def rule(*_: Any) -> Any:
+        raise error
+
+    node = Node(ERROR, rule, (), (), (), (s.spec,), desc_extra=("error", id(error)), data=error)
+    s.value = (node, 0)
+    if s.base is not None:
+        s.seen = s.base.version
+
+
+def raise_if_failed(s: LazyState) -> None:
+    node = read(s)[0]
+    if node.op == ERROR:
+        raise node.data
+
+
+def _isolate(group: list[LazyState], cause: str) -> None:
+    """Run each half of a failed group; a single state that still fails keeps its error."""
+    mid = len(group) // 2
+    for part in (group[:mid], group[mid:]):
+        try:
+            _execute(part, False, cause, False)
+        except ExecutionNotAllowed:
+            raise
+        except Exception as err:
+            if len(part) == 1:
+                _fail(part[0], err)
+            else:
+                _isolate(part, cause)
 
 
 def sync(wait: bool = False) -> None:

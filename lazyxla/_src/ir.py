@@ -9,6 +9,7 @@ part of the cache key. See Note [Graph hashing] in graph.py.
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -43,17 +44,86 @@ DEVICE_DATA = "xla::device_data"
 SCALAR = "xla::device_data(scalar)"
 CONSTANT = "prim::Constant"
 
+# Note [Exact descriptors]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A node's statics are Python values, and Python's == is not "the same program": -0.0 == 0.0,
+# True == 1 == 1.0, and nan != nan (a NaN static would intern a new descriptor, and compile a new
+# graph, on every call, never hitting the cache). Equal descriptors share an interned id, hence a
+# graph key and an executable, so descriptors are interned under an exact key: a float by its bit
+# pattern (sign of zero, NaN payload), a complex by both parts' bits, a bool apart from the ints.
+# The raw descriptor is what `_desc_list` keeps.
+# Recording must stay cheap, so only the nodes of ops whose schema has a float, Scalar or complex
+# argument (`_screened`, decided once per op name; an op that is not an aten op counts as one)
+# are screened, at C speed, and only a descriptor holding a float, bool, complex or tuple is
+# rebuilt. The statics of the other ops are ints, bools typed by the schema, dtypes and shapes,
+# exact already; the only other Python number they can hold is a wrapped-number unit baked into
+# a Tensor slot (0, 1, 0.0, 1.0, True, False: the same program in any of its types, since -0.0,
+# NaN and every other value are lifted, see `_is_unit` in dispatch.py).
 _desc_ids: dict[tuple, int] = {}
 _desc_list: list[tuple] = []
+
+# Exact forms are bytes, which no static is: a float's 8 bytes, a complex's 16, a bool's 1.
+_F64 = struct.Struct("<d").pack
+_C128 = struct.Struct("<dd").pack
+_INEXACT = frozenset((float, bool, complex, tuple, list))
+_SCREENED: dict[str, bool] = {}
+
+
+def _exact(v: Any) -> Any:
+    """`v` as a key in which equal means identical (Note [Exact descriptors])."""
+    t = type(v)
+    if t is float:
+        return _F64(v)
+    if t is tuple or t is list:
+        if _INEXACT.isdisjoint(map(type, v)):
+            return v
+        return tuple([_exact(x) for x in v])
+    if t is bool:
+        return b"\x01" if v else b"\x00"
+    if t is complex:
+        return _C128(v.real, v.imag)
+    return v
+
+
+def _exact_items(t: tuple) -> tuple:
+    """`_exact` of each item of `t` (no call for the ones that are their own key)."""
+    return tuple(
+        [_F64(v) if type(v) is float else _exact(v) if type(v) in _INEXACT else v for v in t]
+    )
+
+
+def _screened(op: str) -> bool:
+    """Whether the statics of `op` may be floats, bools or complexes (Note [Exact descriptors])."""
+    schemas = torch._C._jit_get_schemas_for_operator(op) if op.startswith("aten::") else ()
+    # TorchScript's scalar builtins (aten::add.int, aten::sum.float) take no tensor: not ours.
+    schemas = [s for s in schemas if any("Tensor" in str(a.type) for a in s.arguments)]
+    _SCREENED[op] = screened = not schemas or any(
+        k in str(a.type)
+        for s in schemas
+        for a in s.arguments
+        for k in ("float", "number", "complex")
+    )
+    return screened
+
+
+def _exact_kwargs(kwargs: tuple) -> bool:
+    for _, v in kwargs:
+        if type(v) in _INEXACT:
+            return False
+    return True
+
+
+def _intern(key: tuple, desc: tuple) -> int:
+    i = _desc_ids.get(key)
+    if i is None:
+        i = _desc_ids[key] = len(_desc_list)
+        _desc_list.append(desc)
+    return i
 
 
 def intern_desc(desc: tuple) -> int:
     """A small int per distinct node descriptor: the op, its statics and output specs."""
-    i = _desc_ids.get(desc)
-    if i is None:
-        i = _desc_ids[desc] = len(_desc_list)
-        _desc_list.append(desc)
-    return i
+    return _intern(_exact(desc), desc)
 
 
 class Node:
@@ -79,7 +149,19 @@ class Node:
         self.kwargs = kwargs
         self.specs = specs
         self.data = data
-        self.desc = intern_desc((op, args, kwargs, specs, desc_extra))
+        desc = (op, args, kwargs, specs, desc_extra)
+        key = desc
+        screened = _SCREENED.get(op)
+        if screened is None:
+            screened = _screened(op)
+        if screened:  # Note [Exact descriptors]
+            exact_args = _INEXACT.isdisjoint(map(type, args))
+            exact_kwargs = not kwargs or _exact_kwargs(kwargs)
+            if not (exact_args and exact_kwargs):
+                a = args if exact_args else _exact_items(args)
+                k = kwargs if exact_kwargs else tuple([(n, _exact(v)) for n, v in kwargs])
+                key = (op, a, k, specs, desc_extra)
+        self.desc = _intern(key, desc)
         self.src = _user_frame() if FLAGS.ir_debug else None
         self.meta: Any = None
 
