@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean test-ops-full
+.PHONY: demo test lint format bench clean test-ops-full fuzz
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -42,3 +42,11 @@ clean:
 # samples; ~1 hour on 2 cores). Resumable by hand: python -m lazyxla.tools.op_coverage --full --log F
 test-ops-full: $(STAMP)
 	LAZYXLA_OPINFO_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests/ops/test_opinfo.py tests/ops/test_opinfo_part2.py
+
+# The differential fuzzer of views and mutation, long run: random programs on eager CPU and on
+# lazyxla until FUZZ_SECONDS pass; prints each distinct failure with a minimal repro.
+# (tests/test_fuzz_views.py runs a fixed-seed 150 programs.) make fuzz FUZZ_SECONDS=300 FUZZ_SEED=7
+FUZZ_SECONDS ?= 1200
+FUZZ_SEED ?= 0
+fuzz: $(STAMP)
+	$(BIN)/python -m lazyxla.tools.fuzz_views --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)

@@ -178,10 +178,22 @@ def rsub(x, y, alpha=1):
 # rounding boundary, so the result is the correctly rounded float32 quotient, bit for bit eager's.
 
 
+def _rewrites_divisions() -> bool:
+    """XLA:CPU rewrites every broadcast divisor; GPU/TPU only constant ones, which lifted scalars
+    are not (and TPUs have no float64)."""
+    from ..runtime import default_device
+
+    return default_device().platform == "cpu"
+
+
 def _true_divide(x, y):
     """`x / y` for a floating result, correctly rounded (Note [Broadcast divisors])."""
     out = jnp.result_type(x, y)
-    if out == jnp.float32 and jnp.shape(y) != jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y)):
+    if (
+        out == jnp.float32
+        and jnp.shape(y) != jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
+        and _rewrites_divisions()
+    ):
         wide = jnp.asarray(x, out).astype(jnp.float64) / jnp.asarray(y, out).astype(jnp.float64)
         return wide.astype(out)
     return jnp.true_divide(x, y)
