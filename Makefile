@@ -45,7 +45,7 @@ test-ops-full: $(STAMP)
 
 # The differential fuzzer of views and mutation, long run: random programs on eager CPU and on
 # lazyxla until FUZZ_SECONDS pass; prints each distinct failure with a minimal repro.
-# (tests/test_fuzz_views.py runs a fixed-seed 150 programs.) make fuzz FUZZ_SECONDS=300 FUZZ_SEED=7
+# (tests/test_fuzz_views.py runs a fixed-seed 200 programs.) make fuzz FUZZ_SECONDS=300 FUZZ_SEED=7
 FUZZ_SECONDS ?= 1200
 FUZZ_SEED ?= 0
 fuzz: $(STAMP)

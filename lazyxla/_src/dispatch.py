@@ -631,6 +631,100 @@ def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[i
     return True
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]):
+    results = out_struct if len(writes) > 1 else (out_struct,)
+    for i, res in zip(writes, results):
+        targets = vals[i] if specs[i].is_list_write else (vals[i],)
+        res = res if specs[i].is_list_write else (res,)
+        if isinstance(res, TensorSpec):
+            res = (res,)
+        for t, r in zip(targets, res):
+            if t is not None and r is not None and not torch.can_cast(r.dtype, t.dtype):
+                raise RuntimeError(
+                    f"result type {_dtype_name(r.dtype)} can't be cast to the desired output "
+                    f"type {_dtype_name(t.dtype)}"
+                )
+
+
+# Note [Overlapping writes]
+# Eager refuses an in-place op whose target has elements sharing one memory location (an
+# expanded or overlapping-window view) unless the op only stores values (fill_, zero_,
+# masked_fill_, index_put_: TensorIterator's check_mem_overlap is off for them), and refuses one
+# whose input partially overlaps its target (`x.add_(x.t())`). lazyxla's layouts and data pointers
+# are eager's, so it applies the same checks (at::assert_no_internal_overlap /
+# assert_no_partial_overlap). Only views can overlap anything, so a base target costs one test.
+_OVERLAP_OK = frozenset({"fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_"})
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    expected = 1
+    for n, st in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if n == 1:
+            continue
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """at::get_overlap_status(a, b) == PARTIAL for two lazy tensors of one storage."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (_non_overlapping_and_dense(a) and _non_overlapping_and_dense(b)):
+        return False  # TOO_HARD: eager does not check either
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
+    if a0 == b0 and a1 == b1:
+        return a.stride() != b.stride() or a.shape != b.shape
+    return a0 < b1 and b0 < a1
+
+
+def check_write_overlap(target: torch.Tensor, source: torch.Tensor) -> None:
+    """`copy_`'s checks (Note [Overlapping writes])."""
+    ts, ss = state(target), state(source)
+    if ts.base is None and ss.base is None:
+        return
+    if ts.base is not None and _overlaps(tuple(target.shape), target.stride()):
+        raise RuntimeError(_INTERNAL_OVERLAP)
+    if (ts.base or ts) is (ss.base or ss) and _partial_overlap(target, source):
+        raise RuntimeError(_PARTIAL_OVERLAP)
+
+
+_INTERNAL_OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+_PARTIAL_OVERLAP = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer "
+    "to a single memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok: bool) -> None:
+    for i in writes:
+        t = vals[i]
+        if not isinstance(t, torch.Tensor) or t.device.type != DEVICE_TYPE:
+            continue
+        ts = state(t)
+        root = ts.base or ts
+        if ts.base is not None and not ok and _overlaps(tuple(t.shape), t.stride()):
+            raise RuntimeError(_INTERNAL_OVERLAP)
+        for j, s in enumerate(specs):
+            if j in writes or s.kind not in (TENSOR, OPT_TENSOR):
+                continue
+            x = vals[j]
+            if not isinstance(x, torch.Tensor) or x.device.type != DEVICE_TYPE or x is t:
+                continue
+            xs = state(x)
+            if (xs.base or xs) is root and _partial_overlap(t, x):
+                raise RuntimeError(_PARTIAL_OVERLAP)
+
+
 _METADATA_INPLACE = frozenset(
     {"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"}
 )
@@ -646,6 +740,8 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     # In-place ops that change a tensor's shape, not its values: derived from their functional
     # (view) twin, their result replaces the tensor instead of being written into it.
     reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
+    overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
+    check_overlap = not reshapes
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -653,8 +749,12 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         vals = bind(specs, args, kwargs)
         out_struct = infer(functional, fspecs, vals, lw)
         if not _fits(out_struct, vals, specs, writes):
-            # PyTorch's own error (a broadcast into self, a float result into an int tensor).
+            # PyTorch's own error (a broadcast into self), or eager's for a float result into an
+            # int tensor (which the in-place meta kernels do not check).
             infer(op, specs, vals)
+            _check_casts(out_struct, vals, specs, writes)
+        if check_overlap:
+            _check_overlap(vals, specs, writes, overlap_ok)
         _, out = record(name, lw, fspecs, vals, out_struct)
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
             vals[writes[0]].data = out
@@ -677,11 +777,13 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     return kernel
 
 
-_VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int, bool]] = {}
+_VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int]] = {}
 
 
 def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """Whether two elements of this layout can share a location (a broadcast, windows)."""
+    if 0 in shape:
+        return False
     reach = 0  # the farthest offset the smaller-stride dimensions reach
     for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
         if st <= reach:
@@ -692,9 +794,9 @@ def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 def view_layout(
     op: OpOverload, specs: list[ArgSpec], vals: list[Any]
-) -> tuple[TensorSpec, tuple[int, ...] | None, int, bool]:
-    """(spec, eager's strides or None when contiguous, storage offset from the parent's, whether
-    elements overlap) of a view op's output, by its meta kernel on the parent's layout."""
+) -> tuple[TensorSpec, tuple[int, ...] | None, int]:
+    """(spec, eager's strides or None when contiguous, storage offset from the parent's) of a
+    view op's output, by its meta kernel on the parent's layout."""
     x = vals[0]
     key = (op, x.shape, x.dtype, x.stride(), *map(_sig, vals[1:]))
     hit = _VIEW_LAYOUTS.get(key)
@@ -702,20 +804,9 @@ def view_layout(
         out = _meta_call(op, specs, vals)
         shape, stride = tuple(out.shape), tuple(out.stride())
         spec = TensorSpec(shape, out.dtype)
-        hit = (spec, _noncontiguous(stride, shape), out.storage_offset(), _overlaps(shape, stride))
+        hit = (spec, _noncontiguous(stride, shape), out.storage_offset())
         _VIEW_LAYOUTS[key] = hit
     return hit
-
-
-def _write_overlapping(name: str) -> Callable[..., Any]:
-    def refuse(parent: Any, new: Any) -> Any:
-        raise RuntimeError(
-            f"unsupported operation: more than one element of the written-to tensor refers to a "
-            f"single memory location (a '{name}' view with overlapping elements). Please clone() "
-            "the tensor before performing the operation."
-        )
-
-    return refuse
 
 
 def view_kernel(
@@ -726,13 +817,12 @@ def view_kernel(
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     name, counter = _op_name(op), _counter_name(op)
     scatter_name = name + "_scatter"
-    refuse = _write_overlapping(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
         x = vals[0]
-        out_spec, stride, delta, overlaps = view_layout(op, specs, vals)
+        out_spec, stride, delta = view_layout(op, specs, vals)
         statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
         in_spec = state(x).spec
 
@@ -740,17 +830,18 @@ def view_kernel(
             return emit(name, lw.rule, (v,), (Ref(0), *statics), out_spec)
 
         do_scatter = None
-        if overlaps:
-            do_scatter = refuse
-        elif scatter is not None:
+        if scatter is not None:  # Note [Overlapping writes]: the writing op checks overlap
 
             def do_scatter(parent: tuple[Node, int], new: tuple[Node, int]) -> tuple[Node, int]:
                 return emit(
                     scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec
                 )
 
+        offset = x.storage_offset()
+        if out_spec.dtype.itemsize != x.dtype.itemsize:  # view(dtype), view_as_real/complex
+            offset = offset * x.dtype.itemsize // out_spec.dtype.itemsize
         view_op = ViewOp(name, apply, do_scatter)
-        return new_view(x, view_op, out_spec, stride, x.storage_offset() + delta)
+        return new_view(x, view_op, out_spec, stride, offset + delta)
 
     return kernel
 
@@ -759,7 +850,6 @@ def as_strided_kernel(rule: Callable[..., Any], scatter: Callable[..., Any]) -> 
     """`as_strided` reads the storage, not the logical tensor: its view is taken from the root
     base's value laid out in the root's storage order (see Note [Views and mutation])."""
     name = "aten::as_strided"
-    refuse = _write_overlapping("as_strided")
 
     def kernel(
         x: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None
@@ -777,7 +867,7 @@ def as_strided_kernel(rule: Callable[..., Any], scatter: Callable[..., Any]) -> 
                 f"are out of bounds for storage of size {x.untyped_storage().nbytes()}"
             )
         spec = TensorSpec(size, x.dtype)
-        statics = (size, stride, offset, root.spec.shape, root.stride)
+        statics = (size, stride, offset, root.stride, x.dtype)
 
         def apply(v: tuple[Node, int]) -> tuple[Node, int]:
             return emit(name, rule, (v,), (Ref(0), *statics), spec)
@@ -787,8 +877,7 @@ def as_strided_kernel(rule: Callable[..., Any], scatter: Callable[..., Any]) -> 
                 name + "_scatter", scatter, (parent, new), (Ref(0), Ref(1), *statics), root.spec
             )
 
-        writable = do_scatter if not _overlaps(size, stride) else refuse
-        view = ViewOp(name, apply, writable)
+        view = ViewOp(name, apply, do_scatter)
         return new_view(x, view, spec, _noncontiguous(stride, size), offset, root=root)
 
     return kernel

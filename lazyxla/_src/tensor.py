@@ -307,8 +307,8 @@ def new_tensor(
     st = t.untyped_storage()
     nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
     st._swap_data_ptr_(_storage_at(_reserve(nbytes), _DEVICE, nbytes))
-    if stride is not None:
-        _set_layout(_META, t, spec.shape, stride, 0)
+    if stride is not None or 0 in spec.shape:  # (create_empty_tensor's strides differ for empty)
+        _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), 0)
     st._lx = LazyState(value, spec, stride)
     metrics.counter_inc("CreateXlaTensor")
     return t
@@ -333,7 +333,7 @@ def new_view(
     pst = parent.untyped_storage()
     st = t.untyped_storage()
     st._swap_data_ptr_(_storage_at(pst.data_ptr(), _DEVICE, pst.nbytes()))
-    if stride is not None or offset:
+    if stride is not None or offset or 0 in spec.shape:
         _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), offset)
     s = LazyState(value, spec, None)
     s.base = base

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -105,8 +106,28 @@ def t(x):
     return x.T
 
 
-# Writable only when it broadcasts nothing (dispatch refuses writes to overlapping views).
-@view_op(aten.expand.default, scatter=_reshape_back)
+def _expand_scatter(parent, new, size, implicit=False):
+    """Write an expanded view back: each parent element takes the value of the last of its
+    aliases that the write changed (only stores reach here: Note [Overlapping writes])."""
+    lead = new.ndim - parent.ndim
+    bdims = [
+        d
+        for d in range(new.ndim)
+        if d < lead or (parent.shape[d - lead] == 1 and new.shape[d] != 1)
+    ]
+    if not bdims:
+        return new.reshape(parent.shape)
+    keep = [d for d in range(new.ndim) if d not in bdims]
+    perm = keep + bdims
+    flat_shape = tuple(new.shape[d] for d in keep) + (-1,)
+    nn = jnp.transpose(new, perm).reshape(flat_shape)
+    old = jnp.transpose(jnp.broadcast_to(parent, new.shape), perm).reshape(flat_shape)
+    changed = (nn != old)[..., ::-1]
+    last = nn.shape[-1] - 1 - jnp.argmax(changed, axis=-1)
+    return jnp.take_along_axis(nn, last[..., None], -1).reshape(parent.shape)
+
+
+@view_op(aten.expand.default, scatter=_expand_scatter)
 def expand(x, size, implicit=False):
     lead = len(size) - x.ndim
     size = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
@@ -186,30 +207,49 @@ def _memory_order(shape, stride):
     return sorted(range(len(shape)), key=lambda d: -stride[d])
 
 
-def _storage_flat(root, root_stride):
+def _storage_flat(root, root_stride, dtype):
+    """The root's elements in storage order, read as `dtype` (a view(dtype) reads the bits)."""
     if root_stride is not None:
         root = jnp.transpose(root, _memory_order(root.shape, root_stride))
-    return root.reshape(-1)
+    return _bitcast(root.reshape(-1), _jnp_dtype(dtype))
 
 
-def _as_strided_scatter_root(root, new, size, stride, offset, root_shape, root_stride):
-    idx = _strided_index(size, stride, offset).reshape(-1)
-    flat = _storage_flat(root, root_stride).at[idx].set(new.reshape(-1).astype(root.dtype))
+def _from_storage_flat(flat, root, root_stride):
+    flat = _bitcast(flat, root.dtype)
     if root_stride is None:
         return flat.reshape(root.shape)
     order = _memory_order(root.shape, root_stride)
     return jnp.transpose(flat.reshape([root.shape[d] for d in order]), np.argsort(order))
 
 
+def _set_changed(flat, idx, new):
+    """1-D `flat` with `new` stored at `idx`. Where `idx` repeats (an overlapping view), only the
+    elements the write changed are stored, so a fill or a masked fill gives eager's result
+    (Note [Overlapping writes] in dispatch.py)."""
+    new = new.reshape(-1).astype(flat.dtype)
+    if np.unique(idx).size == idx.size:
+        return flat.at[idx].set(new)
+    changed = new != flat[idx]
+    return flat.at[jnp.where(changed, idx, flat.shape[0])].set(new, mode="drop")
+
+
+def _as_strided_scatter_root(root, new, size, stride, offset, root_stride, dtype):
+    idx = _strided_index(size, stride, offset).reshape(-1)
+    flat = _set_changed(_storage_flat(root, root_stride, dtype), idx, new)
+    return _from_storage_flat(flat, root, root_stride)
+
+
 # `as_strided` reads the root base's storage (dispatch.as_strided_kernel gives the rule the root's
-# value, shape and strides); as_strided_scatter and as_strided_copy act on a contiguous input.
+# value, strides and the view's dtype); as_strided_scatter and as_strided_copy act on a contiguous
+# input.
 @view_op(aten.as_strided.default, scatter=_as_strided_scatter_root)
-def as_strided(root, size, stride, offset, root_shape, root_stride):
-    return _storage_flat(root, root_stride)[_strided_index(size, stride, offset)]
+def as_strided(root, size, stride, offset, root_stride, dtype):
+    return _storage_flat(root, root_stride, dtype)[_strided_index(size, stride, offset)]
 
 
 def _as_strided_scatter(parent, new, size, stride, storage_offset=None):
-    return _as_strided_scatter_root(parent, new, size, stride, storage_offset or 0, None, None)
+    idx = _strided_index(size, stride, storage_offset or 0).reshape(-1)
+    return _set_changed(parent.reshape(-1), idx, new).reshape(parent.shape)
 
 
 def _unfold_index(n, size, step):
@@ -217,13 +257,18 @@ def _unfold_index(n, size, step):
 
 
 def _unfold_scatter(parent, new, dimension, size, step):
-    """Write windows back (dispatch refuses it when windows overlap, as memory order decides)."""
+    """Write windows back (overlapping windows: only the changed elements, `_set_changed`)."""
+    if new.size == 0:
+        return parent
     if parent.ndim == 0:
         return new.reshape(())
     d = _norm_dim(dimension, parent.ndim)
-    idx = _unfold_index(parent.shape[d], size, step)
-    g = jnp.moveaxis(new, -1, d + 1).reshape(parent.shape[:d] + (idx.size,) + parent.shape[d + 1 :])
-    return parent.at[(slice(None),) * d + (idx.reshape(-1),)].set(g.astype(parent.dtype))
+    idx = _unfold_index(parent.shape[d], size, step).reshape(-1)
+    moved = jnp.moveaxis(parent, d, -1)  # windows index the last axis
+    rows = moved.reshape(-1, moved.shape[-1])
+    vals = jnp.moveaxis(new, d, -2).reshape(rows.shape[0], -1)  # (..., windows, size) per row
+    out = jax.vmap(lambda r, v: _set_changed(r, idx, v))(rows, vals)
+    return jnp.moveaxis(out.reshape(moved.shape), -1, d)
 
 
 @view_op(aten.unfold.default, scatter=_unfold_scatter)
@@ -245,6 +290,13 @@ def _bitcast(x, dtype):
     src, dst = np.dtype(x.dtype), np.dtype(dtype)
     if src == dst:
         return x
+    shape = x.shape
+    if src.itemsize != dst.itemsize:
+        shape = x.shape[:-1] + (x.shape[-1] * src.itemsize // dst.itemsize,)
+    return _bitcast_bits(x, src, dst).reshape(shape)
+
+
+def _bitcast_bits(x, src, dst):
     if dst == np.bool_:
         return _bitcast(x, np.uint8) != 0
     if src == np.bool_:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .. import graph, metrics, runtime, sharding
-from ..dispatch import cast_value, register_kernel
+from ..dispatch import cast_value, check_write_overlap, register_kernel
 from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 
@@ -98,8 +98,11 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     if dst.device.type != DEVICE_TYPE:  # device → host copy into an existing CPU tensor
         dst.copy_(download(src))
         return dst
+    if src is dst:
+        return dst
     if src.device.type != DEVICE_TYPE:
         src = upload(src)
+    check_write_overlap(dst, src)
     ds = state(dst)
     write(ds, cast_value(read(state(src)), ds.spec))
     return dst
