@@ -110,3 +110,56 @@ def test_repro_round_trips():
     assert program.source == source
     assert fz.Program.from_source(fz.repro(program).split('"""')[1]) == program
     assert [op.kind for op in program.ops][:2] == ["input", "split"]
+
+
+# Regressions the fuzzer found (issue 10), each its reduced repro.
+FOUND = {
+    "fill_through_expand": """
+t0 = torch.arange(4.).to(dev, copy=True)
+t1 = t0.expand(2, 4)
+t1.fill_(1)
+""",
+    "zero_through_overlapping_unfold": """
+t0 = torch.arange(4.).to(dev, copy=True)
+t1 = t0.unfold(0, 2, 1)
+t1.zero_()
+""",
+    "view_as_real_offset_scales_by_itemsize": """
+t0 = torch.arange(4.).view(torch.complex64).to(dev, copy=True)
+t1 = t0.select(0, 1)
+t2 = torch.view_as_real(t1)
+""",
+    "view_as_complex_of_a_row": """
+t0 = torch.arange(6.).reshape(3, 2).to(dev, copy=True)
+t1 = t0.narrow(0, 1, 2)
+t2 = torch.view_as_complex(t1)
+""",
+    "split_of_dtype_view_reads_bits": """
+t0 = torch.arange(4.).to(dev, copy=True)
+t1 = t0.view(torch.int32)
+t2, t3 = t1.split([2, 2], 0)
+""",
+    "zero_d_complex_as_float64": """
+t0 = torch.arange(2.).view(torch.complex64).reshape(()).to(dev, copy=True)
+t1 = t0.view(torch.float64)
+sync()
+""",
+    "partial_overlap_raises": """
+t0 = torch.arange(4.).reshape(2, 2).to(dev, copy=True)
+t1 = t0.t()
+t0.add_(t1)
+""",
+    "inplace_result_type_raises": """
+t0 = torch.arange(4, dtype=torch.int32).to(dev, copy=True)
+t0.mul_(0.5)
+""",
+    "empty_narrow_strides": """
+t0 = torch.arange(1.).reshape(1, 1).to(dev, copy=True)
+t1 = t0.narrow(1, 0, 0)
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_found_by_fuzzer(name):
+    fz.check_program(FOUND[name])
