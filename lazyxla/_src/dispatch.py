@@ -615,8 +615,8 @@ def _write_result(target: torch.Tensor, result: torch.Tensor) -> None:
     write(ts, cast_value(read(state(result)), ts.spec))
 
 
-def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> bool:
-    """Whether each functional result can be written into its target as PyTorch allows."""
+def _targets(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> Any:
+    """(target tensor, result spec) for each tensor an in-place op writes."""
     results = out_struct if len(writes) > 1 else (out_struct,)
     for i, res in zip(writes, results):
         targets = vals[i] if specs[i].is_list_write else (vals[i],)
@@ -624,11 +624,16 @@ def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[i
         if isinstance(res, TensorSpec):
             res = (res,)
         for t, r in zip(targets, res):
-            if t is None or r is None:
-                continue
-            if tuple(t.shape) != r.shape or not torch.can_cast(r.dtype, t.dtype):
-                return False
-    return True
+            if t is not None and r is not None:
+                yield t, r
+
+
+def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> bool:
+    """Whether each functional result can be written into its target as PyTorch allows."""
+    return all(
+        tuple(t.shape) == r.shape and torch.can_cast(r.dtype, t.dtype)
+        for t, r in _targets(out_struct, vals, specs, writes)
+    )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -636,18 +641,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]):
-    results = out_struct if len(writes) > 1 else (out_struct,)
-    for i, res in zip(writes, results):
-        targets = vals[i] if specs[i].is_list_write else (vals[i],)
-        res = res if specs[i].is_list_write else (res,)
-        if isinstance(res, TensorSpec):
-            res = (res,)
-        for t, r in zip(targets, res):
-            if t is not None and r is not None and not torch.can_cast(r.dtype, t.dtype):
-                raise RuntimeError(
-                    f"result type {_dtype_name(r.dtype)} can't be cast to the desired output "
-                    f"type {_dtype_name(t.dtype)}"
-                )
+    for t, r in _targets(out_struct, vals, specs, writes):
+        if not torch.can_cast(r.dtype, t.dtype):
+            raise RuntimeError(
+                f"result type {_dtype_name(r.dtype)} can't be cast to the desired output "
+                f"type {_dtype_name(t.dtype)}"
+            )
 
 
 # Note [Overlapping writes]
