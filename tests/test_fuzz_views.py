@@ -153,6 +153,11 @@ t0.add_(t1)
 t0 = torch.arange(4, dtype=torch.int32).to(dev, copy=True)
 t0.mul_(0.5)
 """,
+    "store_through_zero_stride_as_strided": """
+t0 = torch.arange(2.).view(torch.complex64).reshape(()).to(dev, copy=True)
+t1 = t0.as_strided((2,), (0,), 0)
+t1.index_put_((torch.tensor([0]).to(dev),), torch.tensor(0, dtype=torch.complex64).to(dev))
+""",
     "empty_narrow_strides": """
 t0 = torch.arange(1.).reshape(1, 1).to(dev, copy=True)
 t1 = t0.narrow(1, 0, 0)

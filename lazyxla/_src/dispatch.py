@@ -32,6 +32,7 @@ from .tensor import (
     contiguous_strides,
     new_tensor,
     new_view,
+    overlaps,
     read,
     state,
     storage_nbytes,
@@ -688,7 +689,7 @@ def check_write_overlap(target: torch.Tensor, source: torch.Tensor) -> None:
     ts, ss = state(target), state(source)
     if ts.base is None and ss.base is None:
         return
-    if ts.base is not None and _overlaps(tuple(target.shape), target.stride()):
+    if ts.base is not None and overlaps(tuple(target.shape), target.stride()):
         raise RuntimeError(_INTERNAL_OVERLAP)
     if (ts.base or ts) is (ss.base or ss) and _partial_overlap(target, source):
         raise RuntimeError(_PARTIAL_OVERLAP)
@@ -711,7 +712,7 @@ def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok:
             continue
         ts = state(t)
         root = ts.base or ts
-        if ts.base is not None and not ok and _overlaps(tuple(t.shape), t.stride()):
+        if ts.base is not None and not ok and overlaps(tuple(t.shape), t.stride()):
             raise RuntimeError(_INTERNAL_OVERLAP)
         for j, s in enumerate(specs):
             if j in writes or s.kind not in (TENSOR, OPT_TENSOR):
@@ -777,18 +778,6 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
 
 
 _VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int]] = {}
-
-
-def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether two elements of this layout can share a location (a broadcast, windows)."""
-    if 0 in shape:
-        return False
-    reach = 0  # the farthest offset the smaller-stride dimensions reach
-    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
-        if st <= reach:
-            return True
-        reach += (n - 1) * st
-    return False
 
 
 def view_layout(

@@ -86,6 +86,7 @@ class LazyState:
         "value",
         "spec",
         "stride",
+        "overlaps",
         "base",
         "chain",
         "version",
@@ -100,6 +101,7 @@ class LazyState:
         self.value = value
         self.spec = spec
         self.stride = stride  # a base's strides when not contiguous: its storage order
+        self.overlaps = False  # a view whose elements share locations (see `write`)
         self.base: LazyState | None = None
         self.chain: tuple[ViewOp, ...] = ()
         self.version = 0
@@ -336,6 +338,7 @@ def new_view(
     if stride is not None or offset or 0 in spec.shape:
         _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), offset)
     s = LazyState(value, spec, None)
+    s.overlaps = stride is not None and overlaps(spec.shape, stride)
     s.base = base
     if root is not None:
         s.chain = (op,)
@@ -345,6 +348,18 @@ def new_view(
     st._lx = s
     metrics.counter_inc("CreateXlaTensor")
     return t
+
+
+def overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two elements of this layout can share a location (a broadcast, windows)."""
+    if 0 in shape:
+        return False
+    reach = 0  # the farthest offset the smaller-stride dimensions reach
+    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -417,6 +432,8 @@ def write(s: LazyState, value: Value) -> None:
         new = op.scatter(parent, new)
     base.value = new
     base.version += 1
+    if s.overlaps:  # aliased elements: its value is what the base now holds, read on demand
+        return
     s.value = value
     s.seen = base.version
 
