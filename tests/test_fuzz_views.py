@@ -158,6 +158,11 @@ t0 = torch.arange(2.).view(torch.complex64).reshape(()).to(dev, copy=True)
 t1 = t0.as_strided((2,), (0,), 0)
 t1.index_put_((torch.tensor([0]).to(dev),), torch.tensor(0, dtype=torch.complex64).to(dev))
 """,
+    "index_put_on_0d_raises_index_error": """
+t0 = torch.arange(1.).to(dev, copy=True)
+t1 = t0.select(0, 0)
+t1.index_put_((torch.tensor([0, 0]).to(dev),), torch.arange(2.).to(dev), accumulate=True)
+""",
     "empty_narrow_strides": """
 t0 = torch.arange(1.).reshape(1, 1).to(dev, copy=True)
 t1 = t0.narrow(1, 0, 0)

@@ -214,6 +214,20 @@ def _cpu_specs(op: OpOverload, vals: list[Any], out: Any) -> Any:
     return tuple(out)
 
 
+def _check_index_count(op: OpOverload, vals: list[Any]) -> None:
+    x, indices = vals[0], vals[1]
+    if len(indices) > x.dim():
+        raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
+
+
+# Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
+_EAGER_CHECKS = {
+    _aten.index_put.default: _check_index_count,
+    _aten._index_put_impl.default: _check_index_count,
+    _aten._unsafe_index_put.default: _check_index_count,
+}
+
+
 def _all_meta(v: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.device.type == "cpu":
         return torch.empty(v.shape, dtype=v.dtype, device="meta")
@@ -275,6 +289,9 @@ def infer_layout(
     hit = _META_CACHE.get(key, _MISS)
     if hit is not _MISS:
         return hit  # its specs may be None: in-place foreach ops return nothing
+    check = _EAGER_CHECKS.get(op)
+    if check is not None:
+        check(op, vals)
     try:
         meta = _meta_call(op, specs, vals)
         out = _cpu_specs(op, vals, _meta_specs(meta))
