@@ -119,7 +119,6 @@ class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
     def __init__(self, states: list[LazyState], donate: bool = False) -> None:
-        self.failed: FailedTensorError | None = None
         root_index: dict[tuple[int, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
@@ -153,8 +152,6 @@ class Capture:
                 parts.append((n.desc, tuple([(pos[id(x)], k) for x, k in n.inputs])))
             else:
                 parts.append(n.desc)
-                if n.op == ERROR:  # computed from a tensor that failed (Note [Failed graphs])
-                    self.failed = n.data
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
@@ -204,13 +201,20 @@ class Capture:
 
 
 def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState]:
+    """The states a sync runs: all live pending ones except failed ones (Note [Failed graphs]),
+    or the given ones (a read retries a failed tensor)."""
     if tensors_states is None:
-        candidates = [s for s in live_states() if s.base is None or s.seen == s.base.version]
-    else:
-        candidates = list(tensors_states)
-        for s in candidates:
-            read(s)  # refresh stale views before capture
-    return [s for s in candidates if s.value[0].op not in (DEVICE_DATA, ERROR)]
+        return [
+            s
+            for s in live_states()
+            if (s.base is None or s.seen == s.base.version)
+            and s.value[0].op != DEVICE_DATA
+            and s.failed is None
+        ]
+    candidates = list(tensors_states)
+    for s in candidates:
+        read(s)  # refresh stale views before capture
+    return [s for s in candidates if s.value[0].op != DEVICE_DATA]
 
 
 def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
@@ -242,9 +246,6 @@ def sync_states(
     A graph that fails to compile or run loses nothing: the tensors that fail on their own keep
     the error (raised when they are read or used), every other one gets its value, and the error
     is raised here (Note [Failed graphs])."""
-    if states is not None:
-        for s in states:
-            raise_if_failed(s)
     pending = pending_states(states)
     if not pending:
         return
@@ -270,8 +271,6 @@ def sync_states(
 
 def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> None:
     cap = Capture(pending, donate=donate)
-    if cap.failed is not None:
-        raise cap.failed
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if FLAGS.save_tensors_file:
         analysis.save_graph(cap)
@@ -292,50 +291,22 @@ def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> 
     ]
     for s, r in cap.bindings:
         bind_data(s, data_nodes[r])
+        s.failed = None
 
 
 # Note [Failed graphs]
 # When the graph of a sync fails (a dtype or size XLA rejects at compile, an allocation that fails
-# at run time), lazyxla finds the tensors that fail on their own by bisection (compiling halves of
-# the pending set: O(k log n) compiles for k failing tensors, and only on the error path), runs
-# the rest, and gives each failing tensor an `xla::error` value that holds its error. Such a
-# tensor is no longer pending, so later syncs run; reading it, or a sync of a value computed from
-# it, raises its error again. Without this, one bad tensor made every later sync fail until it
-# was deleted.
-ERROR = "xla::error"
-
-
-class FailedTensorError(RuntimeError):
-    """A tensor whose value an earlier sync could not compute."""
+# at run time, a broken lowering), lazyxla finds the tensors that fail on their own by bisection
+# (compiling halves of the pending set: O(k log n) compiles for k failing tensors, and only on the
+# error path), runs the rest, and marks each failing tensor `failed`. A failed tensor keeps its
+# pending value but leaves the set a full sync runs, so later steps run; reading it retries its
+# own graph (and raises its error again, or succeeds once the cause is gone), and anything
+# computed from it fails the same way. Without this, one bad tensor made every later sync fail
+# until it was deleted.
 
 
 def _fail(s: LazyState, err: BaseException) -> None:
-    if isinstance(err, FailedTensorError):  # computed from a failed tensor: the same error
-        _set_error(s, err)
-        return
-    lines = str(err).strip().splitlines()
-    error = FailedTensorError(
-        "this tensor's value could not be computed by an earlier sync "
-        f"({type(err).__name__}: {lines[0] if lines else ''})"
-    )
-    error.__cause__ = err
-    _set_error(s, error)
-
-
-def _set_error(s: LazyState, error: FailedTensorError) -> None:
-    def rule(*_: Any) -> Any:
-        raise error
-
-    node = Node(ERROR, rule, (), (), (), (s.spec,), desc_extra=("error", id(error)), data=error)
-    s.value = (node, 0)
-    if s.base is not None:
-        s.seen = s.base.version
-
-
-def raise_if_failed(s: LazyState) -> None:
-    node = read(s)[0]
-    if node.op == ERROR:
-        raise node.data
+    s.failed = err
 
 
 def _isolate(group: list[LazyState], cause: str) -> None:

@@ -87,6 +87,7 @@ class LazyState:
         "spec",
         "stride",
         "overlaps",
+        "failed",
         "base",
         "chain",
         "version",
@@ -102,6 +103,7 @@ class LazyState:
         self.spec = spec
         self.stride = stride  # a base's strides when not contiguous: its storage order
         self.overlaps = False  # a view whose elements share locations (see `write`)
+        self.failed: BaseException | None = None  # Note [Failed graphs] in graph.py
         self.base: LazyState | None = None
         self.chain: tuple[ViewOp, ...] = ()
         self.version = 0

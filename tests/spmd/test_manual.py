@@ -57,6 +57,9 @@ def test_unclosed_region_is_a_clear_error(mesh):
     local = xs.enable_manual_sharding(torch.randn(8, 8).to(dev), ("x", "y"), mesh=mesh)
     with pytest.raises(Exception, match="never closed"):
         (local + 1).cpu()
+    # The open region is left out of later syncs (Note [Failed graphs]) once a sync has failed on
+    # it; drop it so the next test's first sync does not fail on it first.
+    del local
 
 
 def test_groups_must_be_mesh_axes(mesh):
