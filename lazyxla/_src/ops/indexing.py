@@ -7,7 +7,8 @@ import functools
 import jax.numpy as jnp
 import torch
 
-from .registry import is_const, lowering
+from .elementwise import _true_divide
+from .registry import is_const, lowering, to_opmath
 
 aten = torch.ops.aten
 
@@ -279,7 +280,9 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         s = ref.add(sm)
         cnt = jnp.zeros(xm.shape[:1], x.dtype).at[index].add(1) + (1 if include_self else 0)
         cnt = jnp.maximum(cnt, 1).reshape((-1,) + (1,) * (xm.ndim - 1))
-        out = s / cnt if floating else jnp.floor_divide(s, cnt)
+        # the count broadcasts: a plain `/` would be XLA's reciprocal multiply, rounding twice
+        # (Note [Broadcast divisors]); bf16/fp16 divide in float32 as eager's opmath does
+        out = _true_divide(to_opmath(s), to_opmath(cnt)) if floating else jnp.floor_divide(s, cnt)
     return jnp.moveaxis(out, 0, d)
 
 

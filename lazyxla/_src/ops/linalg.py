@@ -62,11 +62,14 @@ def addbmm(bias, a, b, beta=1, alpha=1):
     return add_scaled(jnp.sum(matmul_opmath(a, b), axis=0), bias, beta, alpha)
 
 
+# Through matmul_opmath: a bf16 dot written as such is compiled by XLA's CPU backend as a float32
+# dot and a convert to bf16 it inserts itself, which excess precision then drops when the next
+# op reads the result in float32 (`out.add_(torch.dot(a, b))` was not rounded in between).
 @lowering(aten.dot.default, aten.vdot.default)
 def dot(a, b):
-    return jnp.dot(a, b, precision=_HIGHEST)
+    return matmul_opmath(a, b)
 
 
 @lowering(aten.mv.default)
 def mv(a, b):
-    return jnp.matmul(a, b, precision=_HIGHEST)
+    return matmul_opmath(a, b)

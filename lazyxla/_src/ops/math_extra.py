@@ -14,7 +14,7 @@ from jax import lax
 from ..runtime import jnp_dtype
 from . import creation, elementwise, linalg
 from .reduction import _acc, _dims
-from .registry import lowering
+from .registry import is_const, lowering
 
 aten = torch.ops.aten
 
@@ -236,9 +236,9 @@ def special_erfcx(x):
     return jnp.where(big, series, small)
 
 
-@lowering(aten.special_xlog1py.default)
+@lowering(aten.special_xlog1py.default, opmath=False)  # rounds its log1p (elementwise.xlog)
 def special_xlog1py(x, y):
-    return jss.xlog1py(_f(x), _f(y))
+    return elementwise.xlog(x, y, jnp.log1p, lambda a, b: jss.xlog1py(_f(a), _f(b)))
 
 
 @lowering(aten.special_entr.default)
@@ -303,6 +303,34 @@ def addmv(bias, mat, vec, *, beta=1, alpha=1):
     return linalg.add_scaled(linalg.matmul_opmath(mat, vec), bias, beta, alpha)
 
 
+@lowering(aten.addr.default, opmath=False)
+def addr(x, vec1, vec2, *, beta=1, alpha=1):
+    """Eager's kernel: elementwise beta * self + alpha * vec1 * vec2 in the result dtype, where
+    bf16/fp16 round every product and the sum (Vectorized<BFloat16> arithmetic, not opmath; alpha
+    and beta arrive rounded to the dtype, Note [Scalar precision]); beta == 0 ignores self, NaNs
+    included; bool is (beta and self) or (alpha and vec1 and vec2)."""
+    v1, v2 = vec1[:, None], vec2[None, :]
+    dt = jnp.result_type(x, v1, v2)
+    if dt == jnp.bool_:
+        out = jnp.logical_and(jnp.logical_and(alpha, v1), v2)
+        return jnp.logical_or(jnp.logical_and(beta, x), out)
+    alpha, beta = linalg._coef(alpha, dt), linalg._coef(beta, dt)
+    if dt in (jnp.bfloat16, jnp.float16):
+        f32 = jnp.float32
+
+        def op(a, b, fn):  # one eager op: computed in float32, rounded to the dtype
+            return fn(jnp.asarray(a).astype(f32), jnp.asarray(b).astype(f32)).astype(dt)
+    else:
+
+        def op(a, b, fn):
+            return fn(a, b)
+
+    out = op(op(alpha, v1, jnp.multiply), v2, jnp.multiply)
+    if is_const(beta, 0):
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(jnp.shape(x), out.shape))
+    return jnp.where(beta == 0, out, op(op(beta, x, jnp.multiply), out, jnp.add))
+
+
 @lowering(aten.glu.default)
 def glu(x, dim=-1):
     a, b = jnp.split(x, 2, axis=_ax(x, dim))
@@ -340,7 +368,7 @@ def nansum(x, dim=None, keepdim=False, dtype=None):
     return jnp.nansum(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
 
 
-@lowering(aten.std_mean.correction)
+@lowering(aten.std_mean.correction, static=("correction",))  # as var's (reduction.py)
 def std_mean(x, dim=None, *, correction=None, keepdim=False):
     d = _dims(x, dim)
     c = 1 if correction is None else correction

@@ -28,14 +28,45 @@ def _present(*outs):
     return tuple(o for o in outs if o is not None)
 
 
-@lowering(aten._softmax.default)
+# Note [Softmax rounding]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# Eager's CPU kernels for bf16/fp16 compute in float32 but store some intermediates in the input
+# dtype, so they round more than once: softmax over a dim that is not the last stores exp(x - max)
+# in the output before dividing by the (float32) sum of the unrounded exps; log_softmax over the
+# last dim rounds the sum of exps, and its log, to the input dtype before subtracting. Softmax over
+# the last dim and log_softmax over another dim round once. The rules round where eager does, so
+# that what is computed from them (a cross-entropy) stays bit-equal to eager (opmath=False: the
+# rules need the input dtype).
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _softmax_axis(x, dim):
+    return _d(dim, x.ndim) if x.ndim else None
+
+
+@lowering(aten._softmax.default, opmath=False)
 def softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+    axis = _softmax_axis(x, dim)
+    if x.dtype not in _LOW:
+        return jax.nn.softmax(x, axis=axis)
+    xf = x.astype(jnp.float32)
+    if half_to_float or axis == x.ndim - 1:
+        return jax.nn.softmax(xf, axis=axis)
+    e = jnp.exp(xf - lax.stop_gradient(jnp.max(xf, axis=axis, keepdims=True)))
+    return e.astype(x.dtype).astype(jnp.float32) / jnp.sum(e, axis=axis, keepdims=True)
 
 
-@lowering(aten._log_softmax.default)
+@lowering(aten._log_softmax.default, opmath=False)
 def log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(x, axis=_d(dim, x.ndim) if x.ndim else None)
+    axis = _softmax_axis(x, dim)
+    if x.dtype not in _LOW:
+        return jax.nn.log_softmax(x, axis=axis)
+    xf = x.astype(jnp.float32)
+    if half_to_float or x.ndim == 0 or axis != x.ndim - 1:
+        return jax.nn.log_softmax(xf, axis=axis)
+    shifted = xf - lax.stop_gradient(jnp.max(xf, axis=axis, keepdims=True))
+    total = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True).astype(x.dtype)
+    return shifted - jnp.log(total.astype(jnp.float32)).astype(x.dtype).astype(jnp.float32)
 
 
 @lowering(aten._softmax_backward_data.default)
@@ -154,10 +185,11 @@ def fused_rms_norm(x, normalized_shape, weight, eps):
     if eps is None:
         eps = jnp.finfo(xf.dtype).eps
     rstd = lax.rsqrt(jnp.mean(xf * xf, axis=axes, keepdims=True) + eps)
-    out = (xf * rstd).astype(x.dtype)
-    if weight is not None:
-        out = out * weight
-    return out, rstd
+    out = xf * rstd
+    if weight is not None:  # eager multiplies by the weight in float32 too, and rounds once
+        w = weight.astype(jnp.float32) if weight.dtype in (jnp.bfloat16, jnp.float16) else weight
+        out = out * w
+    return out.astype(x.dtype), rstd
 
 
 @lowering(aten.embedding.default)

@@ -222,7 +222,7 @@ for _op in (
     lowering(_op)(_up_nearest_backward(True))
 
 
-def _linear_axis(x, ax, n_out, align_corners, scale):
+def _linear_axis(x, ax, n_out, align_corners, scale, wdtype):
     n_in = x.shape[ax]
     s = np.float32(_scale(n_in, n_out, align_corners, scale))
     i = np.arange(n_out, dtype=np.float32)
@@ -232,18 +232,30 @@ def _linear_axis(x, ax, n_out, align_corners, scale):
         src = np.maximum((i + np.float32(0.5)) * s - np.float32(0.5), np.float32(0))
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
-    lam = (src - i0).astype(np.float32)
+    lam1 = (src - i0).astype(np.float32)
     shape = [1] * x.ndim
     shape[ax] = n_out
-    lam = jnp.asarray(lam.reshape(shape), x.dtype)
-    return jnp.take(x, i0, axis=ax) * (1 - lam) + jnp.take(x, i1, axis=ax) * lam
+    if wdtype is None:
+        lam1 = jnp.asarray(lam1.reshape(shape), x.dtype)
+        lam0 = 1 - lam1
+    else:  # weights kept in the input dtype: lambda1 rounded, then lambda0 = 1 - lambda1 rounded
+        lam1 = lam1.astype(wdtype).astype(np.float32)
+        lam0 = (np.float32(1) - lam1).astype(wdtype).astype(np.float32)
+        lam0, lam1 = (jnp.asarray(w.reshape(shape), x.dtype) for w in (lam0, lam1))
+    return jnp.take(x, i0, axis=ax) * lam0 + jnp.take(x, i1, axis=ax) * lam1
 
 
 def _linear(x, output_size, align_corners, scales):
+    """bf16/fp16 inputs are interpolated in float32 and rounded once, as eager does; its 1d and 3d
+    kernels keep the weights in the input dtype (UpSample.h's scalar_t lambdas: ~40% of the
+    elements differed by an ulp with float32 weights), its bilinear kernel in float32. The last dim
+    is interpolated first, as eager nests the sums."""
     nd = len(output_size)
     y = _f(x)
-    for k in range(nd):
-        y = _linear_axis(y, x.ndim - nd + k, output_size[k], align_corners, scales[k])
+    rounded = nd != 2 and x.dtype in (jnp.bfloat16, jnp.float16)
+    wdtype = np.dtype(x.dtype) if rounded else None
+    for k in reversed(range(nd)):
+        y = _linear_axis(y, x.ndim - nd + k, output_size[k], align_corners, scales[k], wdtype)
     return y
 
 
@@ -256,7 +268,7 @@ for _op in (
     aten.upsample_bilinear2d.default,
     aten.upsample_trilinear3d.default,
 ):
-    lowering(_op)(_up_linear)
+    lowering(_op, opmath=False)(_up_linear)  # _linear needs the input dtype for the weights
 
 
 @lowering(

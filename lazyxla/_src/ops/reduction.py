@@ -136,17 +136,19 @@ def _correction(correction, unbiased=True):
     return correction
 
 
-@lowering(aten.var.correction)
+# The correction is static: eager reads it as a double, and a lifted Scalar would be rounded to
+# a bf16/fp16 input's dtype (1.3 -> 1.296875).
+@lowering(aten.var.correction, static=("correction",))
 def var(x, dim=None, correction=None, keepdim=False):
     return jnp.var(x, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
 
 
-@lowering(aten.std.correction)
+@lowering(aten.std.correction, static=("correction",))
 def std(x, dim=None, correction=None, keepdim=False):
     return jnp.std(x, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
 
 
-@lowering(aten.var_mean.correction)
+@lowering(aten.var_mean.correction, static=("correction",))
 def var_mean(x, dim=None, correction=None, keepdim=False):
     d = _dims(x, dim)
     return (
