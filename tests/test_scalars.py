@@ -307,3 +307,14 @@ def test_low_precision_activation_reads_scalar_at_float32(name, dtype):
     for s in _scalars(zlib.crc32(name.encode())):
         assert bits_equal(f(a, s), f(a.float(), s).to(dtype)), ("eager", name, s)
         assert bits_equal(f(ad, s), f(ad32, s).to(dtype)), (name, s)
+
+
+def test_scalar_of_op_with_explicit_dtype_keeps_that_dtype():
+    """full_like(bf16, v, dtype=float64) holds v in float64, not v rounded through bf16 (found
+    by the OpInfo sweep's bit-equality criterion)."""
+    x = torch.zeros(5, dtype=torch.bfloat16)
+    v = -0.6046891126565539
+    for dtype in (torch.float64, torch.float32, None):
+        eager = torch.full_like(x, v, dtype=dtype)
+        lazy = torch.full_like(x.to(lazyxla.device()), v, dtype=dtype).cpu()
+        assert lazy.dtype == eager.dtype and torch.equal(lazy, eager), dtype

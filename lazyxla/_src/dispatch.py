@@ -520,7 +520,10 @@ def record(
     """Build the node for one call; returns it and the output structure of lazy tensors."""
     flat: list[TensorSpec] = []
     _flat_specs(out_struct, flat)
-    rec = Recorder(_first_tensor(vals, specs), name)
+    # An explicit `dtype=` sets the result's dtype: scalars are lifted at it (full_like(bf16,
+    # v, dtype=float64) keeps v's float64 value), not promoted with the input tensor.
+    explicit_dtype = any(s.name == "dtype" and v is not None for s, v in zip(specs, vals))
+    rec = Recorder(None if explicit_dtype else _first_tensor(vals, specs), name)
     lift_dtype = flat[0].dtype if flat else torch.float32
     args: list[Any] = []
     kwargs: list[tuple[str, Any]] = []
