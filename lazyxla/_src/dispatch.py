@@ -516,13 +516,14 @@ def record(
     vals: list[Any],
     out_struct: Any,
     strides: Any = None,
+    dtype_arg: int | None = None,
 ) -> tuple[Node, Any]:
     """Build the node for one call; returns it and the output structure of lazy tensors."""
     flat: list[TensorSpec] = []
     _flat_specs(out_struct, flat)
     # An explicit `dtype=` sets the result's dtype: scalars are lifted at it (full_like(bf16,
     # v, dtype=float64) keeps v's float64 value), not promoted with the input tensor.
-    explicit_dtype = any(s.name == "dtype" and v is not None for s, v in zip(specs, vals))
+    explicit_dtype = dtype_arg is not None and vals[dtype_arg] is not None
     rec = Recorder(None if explicit_dtype else _first_tensor(vals, specs), name)
     lift_dtype = flat[0].dtype if flat else torch.float32
     args: list[Any] = []
@@ -585,8 +586,14 @@ def _counter_name(op: OpOverload) -> str:
     return "xla::" + op._schema.name.split("::", 1)[1]
 
 
+def _dtype_arg(specs: list[ArgSpec]) -> int | None:
+    """The position of an op's `dtype=` argument (see `record`), decided once per op."""
+    return next((i for i, s in enumerate(specs) if s.name == "dtype"), None)
+
+
 def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    dtype_arg = _dtype_arg(specs)
     name, counter = _op_name(op), _counter_name(op)
     device_args = [
         i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
@@ -605,7 +612,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             from .fallback import cpu_fallback
 
             return cpu_fallback(op, *args, **kwargs)
-        _, out = record(name, lw, specs, vals, out_struct, strides)
+        _, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg)
         metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
         return out
 
@@ -754,6 +761,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     """`add_` from `add`: compute functionally, then write each mutated argument."""
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     fspecs = [ArgSpec(a, lw) for a in functional._schema.arguments]
+    dtype_arg = _dtype_arg(fspecs)
     writes = [i for i, s in enumerate(specs) if s.is_write]
     name, counter = _op_name(functional), _counter_name(op)
     returns_self = len(op._schema.returns) > 0
@@ -775,7 +783,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
             _check_casts(out_struct, vals, specs, writes)
         if check_overlap:
             _check_overlap(vals, specs, writes, overlap_ok)
-        _, out = record(name, lw, fspecs, vals, out_struct)
+        _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
             vals[writes[0]].data = out
             metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)

@@ -243,9 +243,9 @@ def sync_states(
     """Execute the pending values of `states` (all live tensors if None) and bind their data.
     `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user sync, or a read of a value).
 
-    A graph that fails to compile or run loses nothing: the tensors that fail on their own keep
-    the error (raised when they are read or used), every other one gets its value, and the error
-    is raised here (Note [Failed graphs])."""
+    A graph that fails to compile or run loses nothing: the tensors that fail on their own are
+    marked failed (a read retries them), every other one gets its value, and the error is raised
+    here (Note [Failed graphs])."""
     pending = pending_states(states)
     if not pending:
         return
@@ -262,10 +262,7 @@ def sync_states(
     except ExecutionNotAllowed:
         raise
     except Exception as err:
-        if len(pending) == 1:
-            _fail(pending[0], err)
-        else:
-            _isolate(pending, cause)
+        _isolate(pending, err, cause)
         raise
 
 
@@ -305,23 +302,20 @@ def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> 
 # until it was deleted.
 
 
-def _fail(s: LazyState, err: BaseException) -> None:
-    s.failed = err
-
-
-def _isolate(group: list[LazyState], cause: str) -> None:
-    """Run each half of a failed group; a single state that still fails keeps its error."""
+def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
+    """`group` failed with `err`: a single state keeps the error; a larger group runs each half,
+    bisecting again where one fails."""
+    if len(group) == 1:
+        group[0].failed = err
+        return
     mid = len(group) // 2
     for part in (group[:mid], group[mid:]):
         try:
             _execute(part, False, cause, False)
         except ExecutionNotAllowed:
             raise
-        except Exception as err:
-            if len(part) == 1:
-                _fail(part[0], err)
-            else:
-                _isolate(part, cause)
+        except Exception as part_err:
+            _isolate(part, part_err, cause)
 
 
 def sync(wait: bool = False) -> None:
