@@ -21,4 +21,8 @@ from ._src.api import sync as sync
 
 _apply_environment()  # XLA_USE_SPMD, XLA_METRICS_FILE
 
+from ._src import xla_backend as _xla_backend
+
+_xla_backend.register()  # dist.init_process_group("xla", init_method="xla://"), as torch_xla
+
 __version__ = "0.1.0"

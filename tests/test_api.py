@@ -130,10 +130,16 @@ def test_compile_max_different_graphs_names_the_change():
         g(x, False)
 
 
-def test_launch_calls_fn_with_index_zero():
+def test_launch_single_process_calls_fn_with_index_zero():
     seen = []
-    lazyxla.launch(lambda i, a, b: seen.append((i, a, b)), args=(1, 2))
+    lazyxla.launch(lambda i, a, b: seen.append((i, a, b)), args=(1, 2), debug_single_process=True)
     assert seen == [(0, 1, 2)]
+
+
+def test_launch_of_an_unpicklable_fn_says_how_to_fix_it():
+    # CPU_NUM_DEVICES=8 here: launch starts 8 processes (tests/distributed run real launches)
+    with pytest.raises(TypeError, match="Define fn at the top level"):
+        lazyxla.launch(lambda i: None)
 
 
 # --- xm ------------------------------------------------------------------------------------------

@@ -45,13 +45,20 @@ def test_ops_record_without_running():
     assert isinstance(state(b).value[0].data, jax.Array)
 
 
-def test_item_syncs_only_what_it_needs():
+def test_item_syncs_every_pending_tensor():
+    """A read that executes is a step boundary (Note [What a value read syncs]); a read of data
+    runs nothing."""
     a = torch.randn(3).to(dev)
     unrelated = a.exp()
     s = a.sum()
     assert s.item() == pytest.approx(a.cpu().sum().item(), rel=1e-6)
     assert not pending(s)
-    assert pending(unrelated)
+    assert not pending(unrelated)
+    later = a.exp()
+    executions = met.counter_value("ExecuteComputation")
+    assert s.item() == pytest.approx(a.cpu().sum().item(), rel=1e-6)
+    assert met.counter_value("ExecuteComputation") == executions
+    assert pending(later)
 
 
 @pytest.mark.parametrize(

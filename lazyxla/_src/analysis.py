@@ -27,6 +27,15 @@ _GB = float(1 << 30)
 _LAST_AT_SITE: dict[str, tuple[str, Any]] = {}
 
 
+def _write(text: str) -> None:
+    """An analysis goes to PT_XLA_DEBUG_FILE (appended) if set, else to stderr, as in torch_xla."""
+    if FLAGS.debug_file:
+        with open(FLAGS.debug_file, "a") as f:
+            f.write(text)
+    else:
+        sys.stderr.write(text)
+
+
 def level() -> int:
     return max(FLAGS.debug_level, 2 if FLAGS.pt_xla_debug else 0)
 
@@ -75,13 +84,13 @@ def compilation(cap: Any, cause: str) -> None:
             f"  recompiled: this line compiled another graph before: {summary.diff(last[1])}"
         )
     _LAST_AT_SITE[site] = (h, summary)
-    sys.stderr.write("\n" + _block("Compilation Analysis", "Compilation", cause, cap, extra))
+    _write("\n" + _block("Compilation Analysis", "Compilation", cause, cap, extra))
 
 
 def post_compilation(cap: Any, exe: Any) -> None:
     """After a compile: the executable's sizes, in torch_xla's units."""
     mem = exe.memory_analysis()
-    sys.stderr.write(f"\nComputation hash: {hashlib.md5(exe.as_text().encode()).hexdigest()}\n\n")
+    _write(f"\nComputation hash: {hashlib.md5(exe.as_text().encode()).hexdigest()}\n\n")
     inputs = sum(a.nbytes for a in cap.data)
     aliased = sum(a.nbytes for a, d in zip(cap.data, cap.donate) if d)
     outputs = sum(
@@ -95,11 +104,11 @@ def post_compilation(cap: Any, exe: Any) -> None:
         ("Compiled program size", getattr(mem, "generated_code_size_in_bytes", 0)),
     ]
     lines = [_RULE] + [f"{k}: {v / _GB:.6f} GB" for k, v in rows] + [_DASH, _RULE]
-    sys.stderr.write("\n".join(f"Post Compilation Analysis: {x}" for x in lines) + "\n")
+    _write("\n".join(f"Post Compilation Analysis: {x}" for x in lines) + "\n")
 
 
 def execution(cap: Any, cause: str) -> None:
-    sys.stderr.write("\n" + _block("Execution Analysis", "Execution", cause, cap, []))
+    _write("\n" + _block("Execution Analysis", "Execution", cause, cap, []))
 
 
 def save_graph(cap: Any) -> None:

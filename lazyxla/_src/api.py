@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -49,15 +50,29 @@ def step() -> Iterator[None]:
     """A region that is one step: pending work is synced on entry and the step's graph on exit.
 
     Like `torch_xla.step()`, the entry sync keeps work recorded before the region out of the step's
-    graph. If the body raises, nothing is synced on exit.
+    graph. If the body raises, the exit sync still runs (its own errors are dropped).
 
     Example:
         >>> with lazyxla.step():
         ...     loss = model(x).sum(); loss.backward(); opt.step()
     """
     sync()
-    yield
+    try:
+        yield
+    except BaseException:
+        _sync_after_error()
+        raise
     sync()
+
+
+def _sync_after_error() -> None:
+    """A step whose body raised still ends with a sync (counted as `MarkStep`), as torch_xla's
+    `step()` / `compile()` do in their `finally`; an error of that sync is dropped: the body's
+    error is the one to report (the failing tensors keep theirs, Note [Failed graphs])."""
+    try:
+        sync()
+    except Exception:
+        pass
 
 
 # --- graph identity ------------------------------------------------------------------------------
@@ -129,6 +144,7 @@ class _Compile(contextlib.ContextDecorator):
         self.max_different_graphs = max_different_graphs
         self.graphs: dict[bytes, GraphSummary] = {}
         self._saved: list[bool] = []
+        self._eager: list[Any] = []  # eager mode is suspended inside the region (Note [Eager mode])
 
     def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
         if self.name is None:
@@ -143,13 +159,19 @@ class _Compile(contextlib.ContextDecorator):
     def __enter__(self) -> _Compile:
         sync()  # pending work from before the region is not part of the compiled graph
         self._saved.append(graph._allow_execution)
+        from . import eager
+
+        self._eager.append(eager.suspended())
+        self._eager[-1].__enter__()
         if self.full_graph:
             graph.set_allow_execution(False)
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         graph.set_allow_execution(self._saved.pop())
+        self._eager.pop().__exit__(None, None, None)
         if exc_type is not None:
+            _sync_after_error()
             return
         if self.max_different_graphs is not None:
             self._count_graph()
@@ -239,14 +261,27 @@ def launch(
     args: tuple[Any, ...] = (),
     start_method: str = "spawn",
     debug_single_process: bool = False,
-) -> Any:
-    """Run `fn(index, *args)` once per process, as `torch_xla.launch`; lazyxla runs one process.
+) -> None:
+    """Run `fn(ordinal, *args)` in one process per device, as `torch_xla.launch`.
 
-    Returns:
-        `fn`'s result for process 0.
+    On CPU that is `CPU_NUM_DEVICES` processes (see `launch.local_process_count`); under torchrun
+    (each process already started) `fn(LOCAL_RANK, *args)` runs here. `debug_single_process=True`
+    runs `fn(0, *args)` in this process. Only the `spawn` start method exists: a forked child
+    would inherit JAX's runtime threads.
     """
-    del start_method, debug_single_process
-    return fn(0, *args)
+    from . import launch as _launch
+
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(
+            f"start_method={start_method!r}: lazyxla starts fresh interpreters (spawn); "
+            "fork would copy JAX's runtime threads into the children"
+        )
+    if os.environ.get("WORLD_SIZE") or os.environ.get("LAZYXLA_NUM_PROCESSES"):
+        from . import distributed
+
+        fn(distributed.local_rank(), *args)
+        return
+    _launch.spawn(fn, args, 1 if debug_single_process else None)
 
 
 # --- environment ---------------------------------------------------------------------------------

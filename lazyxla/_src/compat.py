@@ -106,6 +106,205 @@ def _xla_sync_multi(
     graph.sync_states([state(t) for t in tensors], wait=wait)
 
 
+def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
+    """A unique id of the lazy tensor's value holder (stable while the tensor lives)."""
+    from .tensor import state
+
+    return state(tensor).seq + 1
+
+
+def _xla_device_str(index: int = 0) -> str:
+    from .xla_model import xla_real_devices
+
+    return xla_real_devices([api.device(index)])[0]
+
+
+def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
+    """torch_xla's debug description of one tensor: id, device, shape, pending IR or data."""
+    from . import ir
+    from .tensor import is_lazy, read, state
+
+    if not is_lazy(tensor):
+        return "Not a XLATensor\n"
+    s = state(tensor)
+    node, k = read(s)
+    spec = node.specs[k]
+    lines = [
+        "XLATensor {",
+        f"TensorID: {s.seq + 1}",
+        f"AliasID: {(s.base or s).seq + 1}",
+        f"Device: {_xla_device_str()}",
+        f"XLA Shape: {ir.shape_str(spec)}",
+        f"ShardingSpec: {_get_xla_sharding_spec(tensor) or 'None'}",
+    ]
+    if node.op == ir.DEVICE_DATA:
+        arr = node.data
+        lines += [
+            "IR: None",
+            "XLAData: ",
+            f"  Data Device: {_xla_device_str()}",
+            f"  Data Shape: {ir.shape_str(spec)}",
+            f"  Data Handle: {id(arr):#x}" if arr is not None else "  Data Handle: None",
+        ]
+    else:
+        lines += [f"IR: {ir.node_shape_str(node)} {node.op}", "XLAData: None"]
+    lines += ["Tensor on host: None", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _get_tensors_xla_device_data_node(
+    tensors: Sequence[torch.Tensor],
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The device-data inputs of the graph computing `tensors`: (tensor ids, tensors).
+
+    An input that a live tensor holds is returned with that tensor's id; the tensors returned are
+    new ones over the same device data."""
+    from . import ir
+    from .tensor import live_states, new_tensor, read, state
+
+    roots = [read(state(t))[0] for t in tensors]
+    owners = {id(s.value[0]): s for s in live_states() if s.value[0].op == ir.DEVICE_DATA}
+    ids, out = [], []
+    for n in ir.post_order(roots):
+        if n.op != ir.DEVICE_DATA:
+            continue
+        t = new_tensor((n, 0), n.specs[0])
+        owner = owners.get(id(n))
+        ids.append((owner or state(t)).seq + 1)
+        out.append(t)
+    return ids, out
+
+
+_DONATE = graph.DONATE
+
+
+def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
+    """Mark the tensor's device buffer as donatable to the next graph that reads it (XLA may
+    write an output into it; the tensor must not be read afterwards). False if the tensor holds
+    no device data (a pending value)."""
+    from . import ir
+    from .tensor import read, state
+
+    node = read(state(tensor))[0]
+    if node.op != ir.DEVICE_DATA or node.meta not in (None, _DONATE):
+        return False
+    if should_donate and runtime.is_shared_upload(node.data):
+        return False  # a cached scalar upload other tensors share (Note [Device data cache])
+    node.meta = _DONATE if should_donate else None
+    return True
+
+
+def _get_buffer_donation(tensor: torch.Tensor) -> bool:
+    from .tensor import read, state
+
+    return read(state(tensor))[0].meta == _DONATE
+
+
+def _xla_tensors_report(nodes_threshold: int = 0, device: str = "") -> str:
+    """Every live pending tensor's IR (with Python frames when XLA_IR_DEBUG is on)."""
+    from . import ir
+    from .tensor import live_states
+
+    pending = [s for s in live_states() if s.is_pending and s.base is None]
+    if not pending:
+        return ""
+    return ir.to_text([s.value for s in pending])
+
+
+def _xla_dot_general(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    dimension_numbers: Any,
+    precision_config: Any = None,
+    preferred_element_type: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`lax.dot_general` on two tensors: dimension_numbers `((lhs_contract, rhs_contract),
+    (lhs_batch, rhs_batch))`; the result's dims are batch, lhs free, rhs free (as in XLA)."""
+    (lc, rc), batch = dimension_numbers
+    lb, rb = batch if batch else ((), ())
+    lc, rc, lb, rb = (list(x) for x in (lc, rc, lb, rb))
+    lfree = [d for d in range(lhs.dim()) if d not in lc and d not in lb]
+    rfree = [d for d in range(rhs.dim()) if d not in rc and d not in rb]
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    ls, rs = [""] * lhs.dim(), [""] * rhs.dim()
+    for a, b in zip(lb, rb):
+        ls[a] = rs[b] = next(letters)
+    for a, b in zip(lc, rc):
+        ls[a] = rs[b] = next(letters)
+    for d in lfree:
+        ls[d] = next(letters)
+    for d in rfree:
+        rs[d] = next(letters)
+    out = "".join(ls[d] for d in lb) + "".join(ls[d] for d in lfree) + "".join(rs[d] for d in rfree)
+    dtype = preferred_element_type or torch.promote_types(lhs.dtype, rhs.dtype)
+    compute = dtype if dtype.is_floating_point else torch.promote_types(lhs.dtype, rhs.dtype)
+    res = torch.einsum(f"{''.join(ls)},{''.join(rs)}->{out}", lhs.to(compute), rhs.to(compute))
+    return res.to(dtype)
+
+
+_dynamic_dims: dict[int, set[int]] = {}
+
+
+def _xla_mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Accepted and recorded: lazyxla compiles static shapes (one executable per shape), which
+    is what XLA's bounded dynamism gives on CPU; the mark is kept for export tools to read."""
+    from .tensor import state
+
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise IndexError(f"_xla_mark_dynamic: dim {dim} out of range for a {tensor.dim()}-d tensor")
+    _dynamic_dims.setdefault(state(tensor).seq, set()).add(dim % tensor.dim())
+
+
+def _xla_warm_up_cache(tensors: Sequence[torch.Tensor], devices: Sequence[str] = ()) -> None:
+    """Compile (into the cache) the graph that computes `tensors`, without running it."""
+    from .tensor import state
+
+    states = graph.pending_states([state(t) for t in tensors])
+    if states:
+        graph.compile_capture(graph.Capture(states))
+
+
+def _get_executed_fallback_ops() -> list[str]:
+    return [f"aten::{n}" for n in metrics.executed_fallback_ops()]
+
+
+def _check_tensor_need_materialization(tensors: Sequence[torch.Tensor]) -> list[bool]:
+    from .tensor import state
+
+    return [state(t).is_pending for t in tensors]
+
+
+def _xla_runtime_is_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _set_use_eager_mode(enable: bool) -> None:
+    from . import eager
+
+    eager.eager_mode(enable)
+
+
+def _get_use_eager_mode() -> bool:
+    from . import eager
+
+    return eager.is_eager_mode()
+
+
+def _get_ir_debug() -> bool:
+    from .config import FLAGS
+
+    return bool(FLAGS.ir_debug)
+
+
+def _set_ir_debug(enable: bool) -> None:
+    """XLA_IR_DEBUG at run time: record the Python source line of each op from now on."""
+    from .config import FLAGS
+
+    FLAGS.set("ir_debug", bool(enable))
+
+
 def _make_xlac() -> types.ModuleType:
     m = types.ModuleType("torch_xla._XLAC", "lazyxla's stand-in for torch_xla's C extension.")
     m._get_xla_tensors_text = debug.ir_text
@@ -122,6 +321,29 @@ def _make_xlac() -> types.ModuleType:
     m._xla_get_mat_mul_precision = _xla_get_mat_mul_precision
     m._xla_get_default_device = _xla_get_default_device
     m._xla_sync_multi = _xla_sync_multi
+    for f in (
+        _xla_get_tensor_id,
+        _get_xla_tensor_debug_info,
+        _get_tensors_xla_device_data_node,
+        _set_buffer_donation,
+        _get_buffer_donation,
+        _xla_tensors_report,
+        _xla_dot_general,
+        _xla_mark_dynamic,
+        _xla_warm_up_cache,
+        _get_executed_fallback_ops,
+        _check_tensor_need_materialization,
+        _xla_runtime_is_initialized,
+        _set_use_eager_mode,
+        _get_use_eager_mode,
+    ):
+        setattr(m, f.__name__, f)
+    m._get_ir_debug = _get_ir_debug
+    m._set_ir_debug = _set_ir_debug
+    m._xla_get_all_devices = lambda: [_xla_device_str(i) for i in range(api.device_count())]
+    m._xla_real_devices = lambda devices: [
+        _xla_device_str(torch.device(d).index or 0) for d in devices
+    ]
     return m
 
 
@@ -139,6 +361,8 @@ class _TorchXlaModule(types.ModuleType):
 
         if hasattr(lazyxla, name):
             return getattr(lazyxla, name)
+        if name == "xm":  # torch_xla's __init__ imports core.xla_model as xm
+            return importlib.import_module("torch_xla.core.xla_model")
         try:
             return importlib.import_module(f"torch_xla.{name}")
         except ModuleNotFoundError:
@@ -154,6 +378,130 @@ def _make_torch_xla() -> types.ModuleType:
     m.manual_seed = api.manual_seed
     m.__path__ = []  # a package: submodules come from the finder
     return m
+
+
+# --- the 'xla' device spelling -------------------------------------------------------------------
+
+# Note [The 'xla' device spelling]
+# Under the alias, `'xla'`, `'xla:N'` and `torch.device('xla', N)` given as a device mean lazyxla's
+# `jax:N`. PyTorch owns the `xla` device type, so a tensor can never *be* on it (see DESIGN: Device
+# identity); the spelling is translated where it enters: a boxed fallback on the XLA dispatch key
+# (factories such as `torch.rand(3, device='xla')` reach it through BackendSelect) rewrites the
+# device arguments and re-dispatches, and `Tensor.to` / `torch.tensor` / `torch.as_tensor`, which
+# check the device in C++ before any dispatch, are wrapped to rewrite it first. Code that never
+# spells 'xla' pays nothing per op (the fallback is never reached); each `.to()` call pays one
+# Python wrapper call. `t.device.type` stays `'jax'`: comparisons with 'xla' remain the one
+# documented difference.
+
+
+def _is_xla(v: Any) -> bool:
+    if isinstance(v, torch.device):
+        return v.type == "xla"
+    return isinstance(v, str) and (v == "xla" or v.startswith("xla:"))
+
+
+def _jax_device(v: Any) -> Any:
+    """`v` with an 'xla' device spelling replaced by lazyxla's device of the same index."""
+    if isinstance(v, torch.device):
+        return api.device(v.index or 0) if v.type == "xla" else v
+    if isinstance(v, str) and _is_xla(v):
+        _, _, index = v.partition(":")
+        try:
+            return api.device(int(index) if index else 0)
+        except ValueError:
+            raise RuntimeError(
+                f"Invalid device string: {v!r} (expected 'xla' or 'xla:N')"
+            ) from None
+    if isinstance(v, list | tuple):
+        return type(v)(_jax_device(x) for x in v)
+    return v
+
+
+def _xla_key_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    args = tuple(_jax_device(a) for a in args)
+    kwargs = {k: _jax_device(v) for k, v in kwargs.items()}
+    return op(*args, **kwargs)
+
+
+def _wrap_device_arg(fn: Any, position: int) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > position and _is_xla(args[position]):
+            args = (*args[:position], _jax_device(args[position]), *args[position + 1 :])
+        if "device" in kwargs and _is_xla(kwargs["device"]):
+            kwargs["device"] = _jax_device(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    return wrapper
+
+
+_xla_spelling: dict[str, Any] = {}
+
+# Factories with a composite kernel: the XLA key finds that kernel (which then allocates on 'xla'
+# and fills through an `out=` overload) instead of the fallback, so each gets its own XLA kernel.
+_FACTORIES = (
+    "arange", "full", "zeros", "ones", "rand", "randn", "randint", "randperm", "linspace",
+    "logspace", "eye", "empty", "empty_strided", "scalar_tensor", "normal", "bernoulli",
+    "tril_indices", "triu_indices", "hann_window", "hamming_window", "bartlett_window",
+    "blackman_window", "kaiser_window", "new_empty", "new_zeros", "new_ones", "new_full",
+)  # fmt: skip
+
+
+def _redispatch(op: Any) -> Any:
+    return lambda *args, **kwargs: _xla_key_fallback(op, *args, **kwargs)
+
+
+def _install_xla_spelling() -> None:
+    if _xla_spelling:
+        return
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_xla_key_fallback, dispatch_key="XLA", with_keyset=False)
+    aten_lib = torch.library.Library("aten", "IMPL")
+    for name in _FACTORIES:
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            op = getattr(packet, overload)
+            if any(a.name == "device" for a in op._schema.arguments) and not op._schema.is_mutable:
+                aten_lib.impl(op, _redispatch(op), "XLA")
+    _xla_spelling["aten_lib"] = aten_lib
+    _xla_spelling["lib"] = lib
+    for owner, name, position in (
+        (torch.Tensor, "to", 1),
+        (torch.nn.Module, "to", 1),
+        (torch, "tensor", 99),
+        (torch, "as_tensor", 99),
+    ):
+        original = getattr(owner, name)
+        _xla_spelling[name] = (owner, original)
+        setattr(owner, name, _wrap_device_arg(original, position))
+
+
+def _patch_gru() -> None:
+    """`torch.nn.GRU` becomes the scan-based GRU, as `import torch_xla` makes it."""
+    from .gru import GRU
+
+    if torch.nn.GRU is not GRU:
+        GRU._orig = torch.nn.GRU
+        torch.nn.GRU = GRU
+
+
+def _unpatch_gru() -> None:
+    from .gru import GRU
+
+    if torch.nn.GRU is GRU and GRU._orig is not None:
+        torch.nn.GRU = GRU._orig
+
+
+def _uninstall_xla_spelling() -> None:
+    for key in ("lib", "aten_lib"):
+        lib = _xla_spelling.pop(key, None)
+        if lib is not None:
+            lib._destroy()
+    for name in list(_xla_spelling):
+        owner, original = _xla_spelling.pop(name)
+        setattr(owner, name, original)
 
 
 # --- the finder ----------------------------------------------------------------------------------
@@ -236,6 +584,8 @@ def install() -> None:
         )
     _finder = TorchXlaFinder()
     sys.meta_path.insert(0, _finder)
+    _install_xla_spelling()
+    _patch_gru()
     # torch.compile(backend="openxla") is PyTorch's own backend: it imports
     # torch_xla.core.dynamo_bridge, which the alias resolves to lazyxla's trace-once bridge.
 
@@ -247,6 +597,8 @@ def uninstall() -> None:
         return
     sys.meta_path.remove(_finder)
     _finder = None
+    _uninstall_xla_spelling()
+    _unpatch_gru()
     for name in [n for n in sys.modules if n == "torch_xla" or n.startswith("torch_xla.")]:
         del sys.modules[name]
 

@@ -46,6 +46,22 @@ _FLAGS: dict[str, Flag] = {
         "Experimental: let a sync's executable reuse (donate) the device buffers of tensors it "
         "overwrites, as torch_xla does (faster steps, less memory). See Note [Buffer donation].",
     ),
+    "read_syncs_all": Flag(
+        "LAZYXLA_READ_SYNCS_ALL",
+        bool,
+        True,
+        "A value read (.item(), .cpu(), print) that must execute runs every live pending tensor, "
+        "as a step boundary does, not only the one read (torch_xla's policy, 0). See Note [What "
+        "a value read syncs].",
+    ),
+    "gc_freeze": Flag(
+        "LAZYXLA_GC_FREEZE",
+        bool,
+        True,
+        "After a sync that compiled a graph, move every object alive to Python's permanent "
+        "GC generation (gc.freeze()), so full collections stop re-scanning the model, the "
+        "optimizer and the libraries. See Note [Keeping the collector off long-lived objects].",
+    ),
     "compilation_cache_size": Flag(
         "XLA_COMPILATION_CACHE_SIZE",
         int,
@@ -60,6 +76,12 @@ _FLAGS: dict[str, Flag] = {
         "same line says what changed) and its sizes; 2: also why each graph executes.",
     ),
     "pt_xla_debug": Flag("PT_XLA_DEBUG", bool, False, "Same as PT_XLA_DEBUG_LEVEL=2."),
+    "debug_file": Flag(
+        "PT_XLA_DEBUG_FILE",
+        str,
+        "",
+        "Append the PT_XLA_DEBUG analyses to this file instead of printing them on stderr.",
+    ),
     "save_tensors_file": Flag(
         "XLA_SAVE_TENSORS_FILE",
         str,

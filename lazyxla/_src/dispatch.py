@@ -23,7 +23,19 @@ import torch
 from torch._ops import OpOverload
 
 from . import metrics, runtime
-from .ir import Node, Ref, TensorSpec, _exact, _user_frame, rng_scalar, scalar
+from .config import FLAGS
+from .ir import SCALAR as _SCALAR_OP
+from .ir import (
+    Node,
+    Ref,
+    TensorSpec,
+    _exact,
+    _user_frame,
+    node_with_desc,
+    rng_scalar,
+    scalar,
+    scalar_fast,
+)
 from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
@@ -578,6 +590,26 @@ def emit(
 _lazy_tracing = "LazyTracing"
 
 
+# Tracing time is summed per kernel call and flushed as LazyTracing when metrics are read: a
+# sample per op (a lock, a timestamp, a deque entry) cost ~1 µs of a ~6 µs recording.
+_tracing = [0, 0]  # nanoseconds, calls
+
+
+def _trace(t0: int) -> None:
+    _tracing[0] += time.perf_counter_ns() - t0
+    _tracing[1] += 1
+
+
+def _flush_tracing() -> None:
+    ns, n = _tracing
+    if n:
+        _tracing[0] = _tracing[1] = 0
+        metrics.metric_add_many(_lazy_tracing, ns, n)
+
+
+metrics.flush_hooks.append(_flush_tracing)
+
+
 def _op_name(op: OpOverload) -> str:
     return op._schema.name
 
@@ -591,6 +623,163 @@ def _dtype_arg(specs: list[ArgSpec]) -> int | None:
     return next((i for i, s in enumerate(specs) if s.name == "dtype"), None)
 
 
+# Note [Recording plans]
+# Recording an op is mostly work that depends only on the call's *signature*: its tensors'
+# shapes, dtypes and strides, which Python scalars are units (baked) and which are lifted, the
+# dtype each lifted scalar gets, its static arguments. A functional kernel keeps, per signature,
+# a plan made from the first call's slow path: the output specs and strides, the node's argument
+# template and interned descriptor, where each input comes from and each lifted scalar's dtype.
+# A later call with the same signature only reads its tensors' values, lifts its scalars and
+# builds the node and the output tensors. The signature holds everything the slow path's choices
+# depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
+# number and a 0-d tensor promote differently), and ops with list, generator, device or float
+# static arguments, random ops, and XLA_IR_DEBUG (source lines) always take the slow path.
+_FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC))
+_LIFTED = object()
+_NONE_TYPE = type(None)
+
+
+def _plan_key(
+    kinds: tuple[int, ...], vals: list[Any] | tuple, items: list[Any], states: list[Any]
+) -> tuple | None:
+    """The recording signature of a call (Note [Recording plans]), or None: no plan for it.
+    `items` receives the values of the call's 0-d CPU tensors, `states` its lazy tensors'
+    states, in order."""
+    key: list[Any] = []
+    ref = None
+    wrapped = None
+    numbers = False
+    for k, v in zip(kinds, vals):
+        if k == TENSOR or k == OPT_TENSOR:
+            if v is None:
+                key.append(None)
+            elif not isinstance(v, torch.Tensor):  # a wrapped number, back as a Python scalar
+                t = type(v)
+                if t is float or t is int:
+                    # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
+                    key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
+                    numbers = True
+                elif t is bool:
+                    key.append((t, v))
+                else:
+                    return None
+            elif v.is_cpu:
+                if v.dim():
+                    return None
+                x = v.item()
+                items.append(x)
+                key.append((v.dtype, x if _is_unit(x) else _LIFTED))
+                wrapped = [v] if wrapped is None else [*wrapped, v]
+            else:
+                s = getattr(v.untyped_storage(), "_lx", None)
+                if s is None:
+                    return None
+                if ref is None and k == TENSOR:
+                    ref = v
+                states.append(s)
+                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
+                key.append(s.spec if s.base is None else (s.spec, v.stride()))
+                if s.stride is not None:
+                    key.append(s.stride)
+        elif k == SCALAR:
+            t = type(v)
+            if t is float or t is int:
+                key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
+            elif t is bool or v is None:
+                key.append((t, v))
+            else:
+                return None
+        else:
+            t = type(v)
+            if t is int or t is _NONE_TYPE or t is torch.dtype:
+                key.append(v)
+            elif t is bool:
+                key.append((bool, v))
+            elif t is list or t is tuple:
+                if not all(type(e) is int for e in v):
+                    return None
+                key.append((t, *v))
+            else:
+                return None
+    if wrapped is not None:
+        if ref is None:
+            return None
+        key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
+    if numbers and ref is None:
+        key.append(torch.get_default_dtype())
+    return tuple(key)
+
+
+class _Plan:
+    """What a call of one signature records (Note [Recording plans])."""
+
+    __slots__ = ("name", "rule", "sources", "args", "kwargs", "specs", "desc", "outputs")
+
+    def __init__(
+        self, node: Node, kinds: tuple[int, ...], vals: list[Any], out_struct: Any, strides: Any
+    ) -> None:
+        # Where each input of `node` came from: (position, None) a lazy tensor, (position,
+        # dtype) a lifted scalar (the position's 0-d CPU tensor or Python number).
+        sources: list[tuple[int, Any]] = []
+        inputs = node.inputs
+        for i, v in enumerate(vals):
+            if isinstance(v, torch.Tensor) and not v.is_cpu:
+                sources.append((i, None))
+            elif kinds[i] != STATIC and _is_lifted(v):
+                j = len(sources)
+                if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
+                    raise _NoPlan
+                sources.append((i, inputs[j][0].specs[0].dtype))
+        if len(sources) != len(inputs):
+            raise _NoPlan
+        self.name = node.op
+        self.rule = node.rule
+        self.sources = tuple(sources)
+        self.args = node.args
+        self.kwargs = node.kwargs
+        self.specs = node.specs
+        self.desc = node.desc
+        if isinstance(out_struct, TensorSpec):
+            st = strides[0] if strides is not None else None
+            nbytes = storage_nbytes(out_struct.shape, st, out_struct.dtype.itemsize)
+            self.outputs = (out_struct, st, nbytes)
+        else:
+            self.outputs = (out_struct, strides, None)
+
+    def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
+        inputs = []
+        it = st = 0
+        for i, dtype in self.sources:
+            if dtype is None:
+                s = states[st]
+                st += 1
+                b = s.base
+                inputs.append(s.value if b is None or s.seen == b.version else read(s))
+            elif isinstance(vals[i], torch.Tensor):
+                inputs.append((scalar_fast(items[it], dtype), 0))
+                it += 1
+            else:
+                inputs.append((scalar_fast(vals[i], dtype), 0))
+        node = node_with_desc(
+            self.name, self.rule, tuple(inputs), self.args, self.kwargs, self.specs, self.desc
+        )
+        struct, stride, nbytes = self.outputs
+        if nbytes is not None:
+            return new_tensor((node, 0), struct, stride, nbytes)
+        return _wrap_outputs(node, struct, [0], stride)
+
+
+class _NoPlan(Exception):
+    pass
+
+
+def _is_lifted(v: Any) -> bool:
+    """Whether the slow path lifts `v` (a number or a 0-d CPU tensor) to a graph input."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    return (type(v) is float or type(v) is int) and not _is_unit(v)
+
+
 def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     dtype_arg = _dtype_arg(specs)
@@ -598,10 +787,37 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     device_args = [
         i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
     ]
+    kinds = tuple(s.kind for s in specs)
+    planned = not lw.random and not device_args and _FAST_KINDS.issuperset(kinds)
+    plans: dict[tuple, _Plan | None] = {}
+
+    nargs = len(specs)
+    counters = metrics._counters
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
-        metrics.counter_inc(counter)
+        counters[counter] = counters.get(counter, 0) + 1
+        key = None
+        if planned and not FLAGS.ir_debug:
+            items: list[Any] = []
+            states: list[Any] = []
+            if not kwargs and len(args) == nargs:  # See Note [Recording plans]
+                key = _plan_key(kinds, args, items, states)
+                if key is not None:
+                    plan = plans.get(key)
+                    if plan is not None:
+                        out = plan.run(args, items, states)
+                        _trace(t0)
+                        return out
+            else:
+                vals = bind(specs, args, kwargs)
+                key = _plan_key(kinds, vals, items, states)
+                if key is not None:
+                    plan = plans.get(key)
+                    if plan is not None:
+                        out = plan.run(vals, items, states)
+                        _trace(t0)
+                        return out
         vals = bind(specs, args, kwargs)
         for i in device_args:
             check_device(vals[i])
@@ -612,8 +828,13 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             from .fallback import cpu_fallback
 
             return cpu_fallback(op, *args, **kwargs)
-        _, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg)
-        metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+        node, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg)
+        if key is not None and key not in plans:
+            try:
+                plans[key] = _Plan(node, kinds, vals, out_struct, strides)
+            except _NoPlan:
+                plans[key] = None
+        _trace(t0)
         return out
 
     kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
@@ -786,7 +1007,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
             vals[writes[0]].data = out
-            metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+            _trace(t0)
             return vals[writes[0]]
         if len(writes) == 1 and not specs[writes[0]].is_list_write:
             _write_result(vals[writes[0]], out if isinstance(out, torch.Tensor) else out[0])
@@ -797,7 +1018,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                 res = res if specs[i].is_list_write else (res,)
                 for t, r in zip(targets, res):
                     _write_result(t, r)
-        metrics.metric_add(_lazy_tracing, time.perf_counter_ns() - t0)
+        _trace(t0)
         if returns_self:
             return vals[writes[0]]
         return None
@@ -825,6 +1046,63 @@ def view_layout(
     return hit
 
 
+# Note [Reading the tail of a cat]
+# A sequence grown by `cat` each iteration (transformers' generated `input_ids`) is read back by
+# its last element or slice (`input_ids[:, -1:]` as the next model input, `input_ids[:, -1]` for
+# the end-of-sequence check). Recorded literally, that read depends on the whole sequence, whose
+# length changes every iteration, so the graph that reads it would be new every iteration. A
+# `slice`/`select` of a pending `cat` that falls inside one of its pieces is recorded on that
+# piece instead (the same values), so it depends on the new token only. Together with Note [What
+# a value read syncs] (graph.py), which leaves such pure data movement pending, a static-cache
+# decode loop runs one graph per token whatever the sequence length.
+_CAT, _SLICE, _SELECT = "aten::cat", "aten::slice", "aten::select"
+
+
+def _narrow_cat(
+    name: str, v: tuple[Node, int], statics: tuple, out_spec: TensorSpec
+) -> tuple[tuple[Node, int], tuple]:
+    """(value, statics) of a slice/select of the cat `v`, on the one piece it falls in if any."""
+    while v[0].op == _CAT:
+        node = v[0]
+        full = node.specs[v[1]].shape
+        refs = node.args[0]
+        dim = statics[0] + len(full) if statics[0] < 0 else statics[0]
+        cat_dim = node.args[1] if len(node.args) > 1 else 0
+        cat_dim = cat_dim + len(full) if cat_dim < 0 else cat_dim
+        if dim != cat_dim or not all(type(r) is Ref for r in refs):
+            break
+        size = full[dim]
+        if name == _SELECT:
+            start = statics[1] + size if statics[1] < 0 else statics[1]
+            length = 1
+        else:
+            step = statics[3]
+            if step != 1:
+                break
+            start = statics[1] if statics[1] is not None else 0
+            start = min(max(start + size if start < 0 else start, 0), size)
+            length = out_spec.shape[dim]
+        off, piece = 0, None
+        for r in refs:
+            pv = node.inputs[r]
+            pshape = pv[0].specs[pv[1]].shape
+            if len(pshape) != len(full):
+                piece = None  # a legacy empty (0,) piece: leave the cat alone
+                break
+            n = pshape[dim]
+            if off <= start and start + length <= off + n and n > 0:
+                piece = (pv, off)
+            off += n
+        if piece is None:
+            break
+        v, off = piece
+        if name == _SELECT:
+            statics = (statics[0], start - off)
+        else:
+            statics = (statics[0], start - off, start - off + length, 1)
+    return v, statics
+
+
 def view_kernel(
     op: OpOverload, lw: Lowering, scatter: Callable[..., Any] | None
 ) -> Callable[..., Any]:
@@ -833,6 +1111,7 @@ def view_kernel(
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     name, counter = _op_name(op), _counter_name(op)
     scatter_name = name + "_scatter"
+    narrows = name in (_SLICE, _SELECT)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         metrics.counter_inc(counter)
@@ -843,6 +1122,9 @@ def view_kernel(
         in_spec = state(x).spec
 
         def apply(v: tuple[Node, int]) -> tuple[Node, int]:
+            if narrows and v[0].op == _CAT:  # See Note [Reading the tail of a cat]
+                v, st = _narrow_cat(name, v, statics, out_spec)
+                return emit(name, lw.rule, (v,), (Ref(0), *st), out_spec)
             return emit(name, lw.rule, (v,), (Ref(0), *statics), out_spec)
 
         do_scatter = None

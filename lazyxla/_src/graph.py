@@ -19,16 +19,18 @@ argument count.
 from __future__ import annotations
 
 import collections
+import gc
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import analysis, metrics, step_closures
+from . import analysis, collectives, metrics, step_closures
 from .config import FLAGS
-from .ir import DEVICE_DATA, SCALAR, Node, device_data, post_order
+from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
 from .sharding import output_sharding
@@ -67,6 +69,8 @@ class GraphCache:
 
 CACHE = GraphCache()
 _allow_execution = True
+# The executable the last sync ran (lazyxla.debug.memory_analysis() reads its memory stats).
+last_executable: Any = None
 
 
 class ExecutionNotAllowed(RuntimeError):
@@ -87,6 +91,7 @@ def set_allow_execution(allow: bool) -> None:
 # (`node.meta == KEEP`). Only inputs whose spec matches an output are donated, so XLA can alias
 # every one. The donation mask is part of the graph key. Partial syncs (`.item()`) never donate.
 KEEP = "keep"
+DONATE = "donate"  # marked by torch_xla._XLAC._set_buffer_donation: donatable though held
 
 
 def _held_data() -> set[int] | None:
@@ -98,6 +103,7 @@ def _held_data() -> set[int] | None:
             return None
         if node.op == DEVICE_DATA:
             held.add(id(node))
+            held.add(id(node.data))  # an array several nodes share (Note [Device data cache])
     return held
 
 
@@ -155,10 +161,13 @@ class Capture:
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
-        self.donate = self._donation(nodes, root_values) if donate else ()
+        marked = any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
+        self.donate = self._donation(nodes, root_values) if donate or marked else ()
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         self.data = data
         self.scalars = [_scalar_vector(v, dt) for dt, v in scalars.items()]
+        # Note [Cross-process collectives]: such a graph runs as one program over all processes.
+        self.replicas = collectives.active() and collectives.has_collectives(nodes)
 
     @staticmethod
     def _donation(nodes: list[Node], root_values: list[tuple[Node, int]]) -> tuple[bool, ...]:
@@ -170,7 +179,8 @@ class Capture:
         free = collections.Counter(n.specs[k] for n, k in root_values)
         mask = []
         for n in data_nodes:
-            ok = id(n) not in held and n.meta != KEEP and free[n.specs[0]] > 0
+            free_input = (id(n) not in held and id(n.data) not in held) or n.meta == DONATE
+            ok = free_input and n.meta != KEEP and free[n.specs[0]] > 0
             if ok:
                 free[n.specs[0]] -= 1
             mask.append(ok)
@@ -182,13 +192,17 @@ class Capture:
     def args(self) -> tuple:
         """The executable's arguments: (donated data, kept data, scalars) or (data, scalars)."""
         if not any(self.donate):
-            return (self.data, self.scalars)
-        donated = [a for a, d in zip(self.data, self.donate) if d]
-        kept = [a for a, d in zip(self.data, self.donate) if not d]
-        return (donated, kept, self.scalars)
+            args: tuple = (self.data, self.scalars)
+        else:
+            donated = [a for a, d in zip(self.data, self.donate) if d]
+            kept = [a for a, d in zip(self.data, self.donate) if not d]
+            args = (donated, kept, self.scalars)
+        return collectives.globalize(args) if self.replicas else args
 
     def function(self) -> Any:
         run = self.program().function()
+        if self.replicas:
+            run = collectives.across_processes(run)
         if not any(self.donate):
             return jax.jit(run)
         mask = self.donate
@@ -229,7 +243,10 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
     if debug:
         analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
-        exe = cap.function().lower(*cap.args()).compile()
+        lowered = cap.function().lower(*cap.args())
+        if cap.replicas:
+            collectives.check_same_program(lowered)
+        exe = lowered.compile()
     metrics.counter_inc("CreateCompileHandles")
     if debug:
         analysis.post_compilation(cap, exe)
@@ -266,21 +283,202 @@ def sync_states(
         raise
 
 
+# Note [What a value read syncs]
+# torch_xla's `.item()`/`.cpu()` run only the graph of the tensor read; everything else stays
+# pending. A loop that reads a value each iteration while it updates other tensors (text
+# generation: the next token is read, the KV cache is written in place) then never cuts the
+# cache's graph: each iteration's sync recomputes, and compiles, a graph that grew by one more
+# iteration (29 compiles for 24 tokens). lazyxla treats a read that must execute as a step
+# boundary: it runs every live pending tensor together with the one read (one graph, one
+# execution), so the cache becomes device data at each token and every token runs the same
+# graph. A read of a tensor that is already data runs nothing. In a training step a read after
+# `sync()` is of data; a read mid-step (a loss printed before `optimizer.step()`, a mask value a
+# model reads) cuts the step in two graphs, each the same every step, as before. Such a sync
+# never donates buffers. If another pending tensor fails to compile or run, the tensor read still
+# gets its value: the failing one is marked failed (Note [Failed graphs]) and a warning names
+# its error. LAZYXLA_READ_SYNCS_ALL=0 restores torch_xla's policy, which also holds in programs
+# that open manual sharding regions or run as several processes (see `sync_read`).
+
+
+def _outside_open_regions(states: list[LazyState], keep: LazyState) -> list[LazyState]:
+    """`states` without the local tensors of open manual sharding regions (they run only inside
+    their region's shard_map, once it is closed); `keep` (the tensor read) always stays."""
+    from . import manual
+
+    if not manual._regions_opened:
+        return states
+    inside: set[int] = set()
+    for n in post_order([x.value[0] for x in states]):
+        if n.op == manual.FULL_TO_SHARD or any(id(i) in inside for i, _ in n.inputs):
+            inside.add(id(n))
+    return [x for x in states if x is keep or id(x.value[0]) not in inside]
+
+
+def sync_read(s: LazyState) -> None:
+    """Run what a value read of `s` needs: see Note [What a value read syncs]."""
+    read(s)
+    if not s.is_pending and s.failed is None:
+        return
+    if not FLAGS.read_syncs_all or collectives.active():
+        # With several processes a read on one process (the master printing a loss) must not
+        # run the step's collectives, which the others run at their sync: torch_xla's policy.
+        sync_states([s])
+        return
+    states: list[Any] = []
+    moves: list[LazyState] = []
+    for x in _outside_open_regions(pending_states(None), s):
+        if x is not s and x.base is None and x.value[0].op in _MOVES:
+            moves.append(x)
+        else:
+            states.append(x)
+    if not any(x is s for x in states):
+        states.append(s)  # failed (Note [Failed graphs]): a read retries it
+        states.sort(key=_seq_of)
+    held = {(id(x.value[0]), x.value[1]): x for x in states}
+    cuts = _cuts(moves, held)
+    try:
+        sync_states(states + cuts, cause=analysis.VALUE_ACCESS)
+    except ExecutionNotAllowed:
+        raise
+    except Exception as err:
+        if s.failed is not None or s.is_pending:
+            raise s.failed or err from None
+        metrics.counter_inc("ReadSyncOtherFailed")
+        warnings.warn(
+            f"a value read ran every pending tensor (Note [What a value read syncs]) and some "
+            f"other pending tensor failed; it stays pending and raises when read: {err}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    if moves:
+        _rebase(moves, held)
+
+
+class _Cut:
+    """A value under a pending move graph that a read sync computes (no tensor holds it)."""
+
+    __slots__ = ("value", "base", "sharding", "failed")
+
+    def __init__(self, value: tuple[Node, int]) -> None:
+        self.value = value
+        self.base = None
+        self.sharding = None
+        self.failed: BaseException | None = None
+
+
+# Ops that only move or copy values: a pending tensor made of these alone is left pending by a
+# value read (Note [What a value read syncs]).
+_MOVES = frozenset(
+    "aten::" + op
+    for op in (
+        "cat",
+        "stack",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "expand",
+        "clone",
+        "alias",
+        "permute",
+        "transpose",
+        "t",
+    )
+)
+_LEAVES = frozenset((DEVICE_DATA, SCALAR, CONSTANT))
+
+
+def _move_graph(v: tuple[Node, int]) -> list[Node]:
+    """The move nodes of the pending graph under `v`, inputs before users (it stops at leaves,
+    at ops without inputs and at ops that compute)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(v[0], False)]
+    while stack:
+        n, expanded = stack.pop()
+        if expanded:
+            order.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        for x, _ in n.inputs:
+            if x.op in _MOVES and id(x) not in seen:
+                stack.append((x, False))
+    return order
+
+
+def _cuts(moves: list[LazyState], held: dict[tuple[int, int], Any]) -> list[_Cut]:
+    """The computing values right under the move graphs of `moves` that no synced tensor holds:
+    the read sync computes them too (Note [What a value read syncs]); `held` gains them."""
+    cuts: list[_Cut] = []
+    for x in moves:
+        for n in _move_graph(x.value):
+            for v in n.inputs:
+                m = v[0]
+                if m.op in _MOVES or m.op in _LEAVES or not m.inputs:
+                    continue
+                key = (id(m), v[1])
+                if key not in held:
+                    held[key] = c = _Cut(v)
+                    cuts.append(c)
+    return cuts
+
+
+def _rebase(moves: list[LazyState], held: dict[tuple[int, int], Any]) -> None:
+    """Point the pending move graphs of `moves` at the data their computed inputs now are, so
+    they stop referring to (and recomputing) the graph that just ran."""
+    new: dict[int, Node] = {}
+    for x in moves:
+        for n in _move_graph(x.value):
+            if id(n) in new:
+                continue
+            ins = []
+            for v in n.inputs:
+                m, k = v
+                h = held.get((id(m), k))
+                if h is not None and m.op not in _MOVES and h.value[0].op == DEVICE_DATA:
+                    ins.append(h.value)
+                else:
+                    r = new.get(id(m))
+                    ins.append((r, k) if r is not None else v)
+            if any(a is not b for a, b in zip(ins, n.inputs)):
+                new[id(n)] = n.with_inputs(tuple(ins))
+        r = new.get(id(x.value[0]))
+        if r is not None:
+            x.value = (r, x.value[1])
+
+
+def _seq_of(s: LazyState) -> int:
+    return s.seq
+
+
 def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> None:
     cap = Capture(pending, donate=donate)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if FLAGS.save_tensors_file:
         analysis.save_graph(cap)
     exe = compile_capture(cap, cause)
+    global last_executable
+    last_executable = exe
     if analysis.level() >= 2:
         analysis.execution(cap, cause)
     if cap.donate:
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
     t0 = time.perf_counter_ns()
     outs = exe(*cap.args())
+    if cap.replicas:
+        outs = collectives.localize(outs)
     if wait:
         jax.block_until_ready(outs)
-    metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
+        metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
+    else:  # timed until the outputs are ready, off this thread (Note [ExecuteTime])
+        metrics.time_when_ready("ExecuteTime", t0, outs)
     metrics.counter_inc("ExecuteComputation")
     data_nodes = [
         device_data(arr, n.specs[k], sharding=output_sharding(arr))
@@ -305,8 +503,10 @@ def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> 
 def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
     """`group` failed with `err`: a single state keeps the error; a larger group runs each half,
     bisecting again where one fails."""
-    if len(group) == 1:
-        group[0].failed = err
+    if len(group) == 1 or collectives.active():
+        # Several processes: a half-graph would not match the other processes' programs.
+        for s in group:
+            s.failed = err
         return
     mid = len(group) // 2
     for part in (group[:mid], group[mid:]):
@@ -318,8 +518,29 @@ def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
             _isolate(part, part_err, cause)
 
 
+# Note [Keeping the collector off long-lived objects]
+# A lazy step allocates tens of thousands of short-lived objects (nodes, tensors, states), and
+# Python's cyclic collector runs a full collection every few steps, re-scanning every live object
+# of the process: torch, jax, the model, the optimizer (~400k objects in the demo). Measured on
+# the 8-layer demo decoder: a full collection every ~6 steps, each costing several times a step's
+# tracing. The objects that exist after the first syncs that compile (model, optimizer state,
+# the libraries, the first executables) are long-lived, so lazyxla moves them to the permanent
+# generation then (`gc.freeze()`, O(1)), after each of the first `_FREEZES` compiling syncs of the
+# process: later full collections scan only what is newer. Freezing only a few times bounds what
+# it gives up: a reference cycle alive at such a sync that dies later is freed only by
+# `gc.unfreeze()` + `gc.collect()` (objects without cycles are freed by reference counting as
+# always), and a later program (a test suite's next test) has its cycles collected as usual.
+# LAZYXLA_GC_FREEZE=0 turns it off. The IR itself holds no reference cycles: nodes point only at
+# their inputs, states at their base.
+_FREEZES = [4]
+
+
 def sync(wait: bool = False) -> None:
     """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`)."""
     metrics.counter_inc("MarkStep")
+    compiles = metrics.counter_value("UncachedCompile")
     sync_states(None, wait=wait)
+    if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:
+        _FREEZES[0] -= 1
+        gc.freeze()  # See Note [Keeping the collector off long-lived objects]
     step_closures.run_pending()  # xm.add_step_closure callbacks run after the step's execution

@@ -165,12 +165,72 @@ class Node:
         self.src = _user_frame() if FLAGS.ir_debug else None
         self.meta: Any = None
 
+    def with_inputs(self, inputs: tuple[tuple[Node, int], ...]) -> Node:
+        """The same op on other inputs of the same specs (its descriptor does not change)."""
+        n = Node.__new__(Node)
+        for slot in Node.__slots__:
+            setattr(n, slot, getattr(self, slot))
+        n.inputs = inputs
+        return n
+
     @property
     def is_leaf(self) -> bool:
         return not self.inputs and self.op in (DEVICE_DATA, SCALAR, CONSTANT)
 
     def __repr__(self) -> str:
         return f"Node({self.op}, {len(self.inputs)} inputs, {self.specs})"
+
+
+_new_node = object.__new__
+
+
+def node_with_desc(
+    op: str,
+    rule: Any,
+    inputs: tuple[tuple[Node, int], ...],
+    args: tuple,
+    kwargs: tuple,
+    specs: tuple[TensorSpec, ...],
+    desc: int,
+) -> Node:
+    """A node whose descriptor id is already known (a recording plan's, see dispatch.py): the
+    same node `Node(...)` builds, without interning its descriptor again."""
+    n = _new_node(Node)
+    n.op = op
+    n.rule = rule
+    n.inputs = inputs
+    n.args = args
+    n.kwargs = kwargs
+    n.specs = specs
+    n.desc = desc
+    n.data = None
+    n.src = None
+    n.meta = None
+    return n
+
+
+_SCALAR_DESCS: dict[torch.dtype, tuple[int, tuple[TensorSpec, ...]]] = {}
+
+
+def scalar_fast(value: Any, dtype: torch.dtype) -> Node:
+    """`scalar(value, dtype)` with its descriptor looked up per dtype."""
+    hit = _SCALAR_DESCS.get(dtype)
+    if hit is None:
+        n = scalar(value, dtype)
+        _SCALAR_DESCS[dtype] = (n.desc, n.specs)
+        return n
+    n = _new_node(Node)
+    n.op = SCALAR
+    n.rule = None
+    n.inputs = ()
+    n.args = ()
+    n.kwargs = ()
+    n.specs = hit[1]
+    n.desc = hit[0]
+    n.data = value
+    n.src = None
+    n.meta = None
+    return n
 
 
 def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:

@@ -11,12 +11,14 @@ then the runtime group, each sorted by name.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
+import queue
 import threading
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _MAX_SAMPLES = 1024
 _PERCENTILES = (0.01, 0.05, 0.10, 0.20, 0.50, 0.80, 0.90, 0.95, 0.99)
@@ -44,6 +46,9 @@ _NUMBER = "number"
 _UNITS = {
     "CompileTime": _TIME,
     "ExecuteTime": _TIME,
+    "EagerOpCompileTime": _TIME,
+    "EagerOpExecuteTime": _TIME,
+    "TensorToData": _TIME,
     "LazyTracing": _TIME,
     "TransferToDeviceTime": _TIME,
     "TransferFromDeviceTime": _TIME,
@@ -74,7 +79,8 @@ def counter_inc(name: str, value: int = 1) -> None:
 
 
 def metric_add(name: str, value: float) -> None:
-    """Record one sample of metric `name`."""
+    """Record one sample of metric `name` (under its eager-mode name inside `renamed`)."""
+    name = getattr(_tls, "renames", {}).get(name, name)
     with _lock:
         m = _metrics.get(name)
         if m is None:
@@ -82,6 +88,108 @@ def metric_add(name: str, value: float) -> None:
         m.samples.append((time.time(), float(value)))
         m.total += 1
         m.accumulator += value
+
+
+_tls = threading.local()
+
+
+class renamed:
+    """Record metrics under other names inside the block (eager mode's `EagerOpCompileTime`...)."""
+
+    __slots__ = ("names", "saved")
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def __enter__(self) -> renamed:
+        self.saved = getattr(_tls, "renames", {})
+        _tls.renames = {**self.saved, **self.names}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.renames = self.saved
+
+
+# Note [ExecuteTime]
+# An execution is dispatched asynchronously: the call returns when XLA has queued the work, long
+# before the results exist (0.15 ms recorded for a 1.4 s graph). `ExecuteTime` is the time from
+# dispatch until the outputs are ready, as torch_xla measures it in its execution thread: a
+# background thread waits on each execution's outputs (`time_when_ready`) and records the sample,
+# so the caller keeps running while the device works. Reading metrics (`metric_data`,
+# `metric_names`, the reports) and clearing them first waits for the samples still outstanding,
+# so a report after a sync always includes that sync's execution. The thread is stopped at exit.
+class _ReadyTimer:
+    def __init__(self) -> None:
+        self.queue: queue.Queue[tuple[str, int, Any] | None] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.start_lock = threading.Lock()
+
+    def add(self, name: str, t0: int, arrays: Any) -> None:
+        if self.thread is None:
+            with self.start_lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self._run, name="lazyxla-execute-timer", daemon=True
+                    )
+                    self.thread.start()
+                    atexit.register(self.close)
+        self.queue.put((name, t0, arrays))
+
+    def _run(self) -> None:
+        import jax
+
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                name, t0, arrays = item
+                try:
+                    jax.block_until_ready(arrays)
+                except Exception:  # a failed or deleted (donated) output: it is done either way
+                    pass
+                metric_add(name, time.perf_counter_ns() - t0)
+            finally:
+                self.queue.task_done()
+
+    def drain(self) -> None:
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            self.queue.join()
+
+    def close(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join(timeout=60)
+
+
+_ready_timer = _ReadyTimer()
+
+
+def time_when_ready(name: str, t0: int, arrays: Any) -> None:
+    """Record `now - t0` as a sample of `name` once `arrays` are ready (Note [ExecuteTime])."""
+    name = getattr(_tls, "renames", {}).get(name, name)
+    _ready_timer.add(name, t0, arrays)
+
+
+# Hot paths that time in aggregate (a kernel's tracing time) flush their totals here before any
+# metric is read or cleared.
+flush_hooks: list[Any] = []
+
+
+def metric_add_many(name: str, total: float, count: int) -> None:
+    """Record `count` samples of `name` summing to `total`, kept as one sample of their mean."""
+    if count:
+        metric_add(name, total / count)
+        m = _metrics[getattr(_tls, "renames", {}).get(name, name)]
+        m.total += count - 1
+        m.accumulator += total - total / count
+
+
+def wait_for_samples() -> None:
+    """Wait until every outstanding `time_when_ready` sample is recorded."""
+    for hook in flush_hooks:
+        hook()
+    _ready_timer.drain()
 
 
 class timed:
@@ -117,6 +225,7 @@ def counter_names() -> list[str]:
 
 
 def metric_names() -> list[str]:
+    wait_for_samples()
     return _ordered(n for n, m in _metrics.items() if m.total)
 
 
@@ -128,6 +237,7 @@ class MetricData(NamedTuple):
 
 def metric_data(name: str) -> MetricData | None:
     """`(total_samples, accumulator, ((timestamp, value), ...))`, as torch_xla returns it."""
+    wait_for_samples()
     m = _metrics.get(name)
     if m is None or not m.total:
         return None
@@ -139,6 +249,7 @@ def clear_counters() -> None:
 
 
 def clear_metrics() -> None:
+    wait_for_samples()
     with _lock:
         _metrics.clear()
 
@@ -210,6 +321,7 @@ def _metric_block(name: str, m: _Metric) -> list[str]:
 
 
 def _report(metric_filter: list[str] | None, counter_filter: list[str] | None) -> str:
+    wait_for_samples()
     lines: list[str] = []
     if metric_filter is None or counter_filter is None:
         mnames, cnames = metric_names(), counter_names()

@@ -7,6 +7,7 @@ and, for `CPU_NUM_DEVICES=N`, N virtual CPU devices.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from typing import Any
@@ -19,14 +20,32 @@ import torch
 from . import metrics
 
 jax.config.update("jax_enable_x64", True)
-if os.environ.get("CPU_NUM_DEVICES"):
-    jax.config.update("jax_num_cpu_devices", int(os.environ["CPU_NUM_DEVICES"]))
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
-if os.environ.get("PJRT_DEVICE"):
-    _want = os.environ["PJRT_DEVICE"].upper()
-    if _want not in _PLATFORMS:
-        raise ValueError(f"PJRT_DEVICE={_want!r} is not one of {sorted(_PLATFORMS)}")
-    jax.config.update("jax_platforms", _PLATFORMS[_want])
+
+
+def apply_platform_env() -> None:
+    """Configure JAX from `CPU_NUM_DEVICES` / `PJRT_DEVICE`, as they are now.
+
+    Runs at import and again at the first device use (`jax_devices`): torch_xla initialises its
+    runtime lazily, so a program may set these after `import torch_xla` and before it touches a
+    device. Once JAX's backends exist the settings are fixed; nothing changes then.
+    """
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        return
+    n = os.environ.get("CPU_NUM_DEVICES")
+    if n and jax.config.jax_num_cpu_devices != int(n):
+        jax.config.update("jax_num_cpu_devices", int(n))
+    want = os.environ.get("PJRT_DEVICE", "").upper()
+    if want:
+        if want not in _PLATFORMS:
+            raise ValueError(f"PJRT_DEVICE={want!r} is not one of {sorted(_PLATFORMS)}")
+        if jax.config.jax_platforms != _PLATFORMS[want]:
+            jax.config.update("jax_platforms", _PLATFORMS[want])
+
+
+apply_platform_env()
 
 import jax.numpy as jnp  # noqa: E402
 
@@ -90,6 +109,11 @@ def check_dtype(dtype: torch.dtype, what: str) -> None:
 
 @functools.cache
 def jax_devices() -> list[jax.Device]:
+    """Every process's devices (one process: this one's). See Note [Processes]."""
+    from . import distributed
+
+    apply_platform_env()
+    distributed.ensure_initialized()
     try:
         return jax.devices()
     except RuntimeError as e:
@@ -102,7 +126,15 @@ def jax_devices() -> list[jax.Device]:
 
 
 def default_device() -> jax.Device:
-    return jax_devices()[0]
+    """The device this process drives (its first; with several processes, not process 0's)."""
+    return local_devices()[0]
+
+
+@functools.cache
+def local_devices() -> list[jax.Device]:
+    """This process's devices."""
+    jax_devices()
+    return jax.local_devices()
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -114,9 +146,40 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+# Note [Device data cache]
+# As torch_xla's DataCache: a one-element host tensor (a scalar that `torch.tensor(2.0,
+# device=...)` or a loss scale uploads every step) is uploaded once per (value, dtype, shape,
+# device) and the device array reused; jax arrays are immutable, so sharing one is safe. A reused
+# array that a graph has since donated (deleted) is uploaded again. Misses are counted as
+# `DeviceDataCacheMiss`, torch_xla's counter.
+_DATA_CACHE: collections.OrderedDict[tuple, jax.Array] = collections.OrderedDict()
+_DATA_CACHE_SIZE = 128
+
+
 def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
     """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData)."""
-    with metrics.timed("TransferToDeviceTime"):
+    if t.numel() == 1 and not t.is_complex():
+        key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)  # bits: -0.0, NaNs
+        arr = _DATA_CACHE.get(key)
+        if arr is not None and not arr.is_deleted():
+            _DATA_CACHE.move_to_end(key)
+            return arr
+        metrics.counter_inc("DeviceDataCacheMiss")
+        arr = _upload(t, device)
+        _DATA_CACHE[key] = arr
+        if len(_DATA_CACHE) > _DATA_CACHE_SIZE:
+            _DATA_CACHE.popitem(last=False)
+        return arr
+    return _upload(t, device)
+
+
+def is_shared_upload(arr: Any) -> bool:
+    """Whether `arr` is a cached upload other tensors may share (never to be donated)."""
+    return any(a is arr for a in _DATA_CACHE.values())
+
+
+def _upload(t: torch.Tensor, device: Any) -> jax.Array:
+    with metrics.timed("TensorToData"), metrics.timed("TransferToDeviceTime"):
         # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
         # tensor stays writable by the user while jax buffers must never change.
         arr = jax.device_put(np.array(to_numpy(t), copy=True), device or default_device())
@@ -128,6 +191,12 @@ def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
 def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new, writable CPU tensor."""
     with metrics.timed("TransferFromDeviceTime"):
+        if not (arr.is_fully_addressable or arr.is_fully_replicated):
+            # Sharded over several processes (SPMD across hosts): a collective gather, so every
+            # process must read the tensor at the same point, as in torch_xla.
+            from jax.experimental import multihost_utils
+
+            arr = multihost_utils.process_allgather(arr, tiled=True)
         host = np.array(arr)  # a copy: jax buffers are immutable, torch tensors are not
     metrics.metric_add("InboundData", host.nbytes)
     bits = _BITS.get(dtype)

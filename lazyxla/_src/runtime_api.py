@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from . import graph, runtime
+from . import distributed, graph, runtime
 
 _PLATFORM_NAMES = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}
 _spmd_recorded = False
@@ -72,33 +72,33 @@ def is_spmd() -> bool:
 
 
 def world_size() -> int:
-    """The number of processes (replicas) in the job: 1 for lazyxla."""
-    return 1
+    """The number of replicas: one per process (1 in SPMD mode, where one program spans all)."""
+    return 1 if is_spmd() else distributed.process_count()
 
 
 def global_ordinal() -> int:
-    """This process's ordinal among all processes: 0."""
-    return 0
+    """This process's ordinal among all processes (Note [Processes])."""
+    return distributed.process_index()
 
 
 def local_ordinal() -> int:
-    """This process's ordinal on its host: 0."""
-    return 0
+    """This process's ordinal on its host."""
+    return distributed.local_rank()
 
 
 def process_index() -> int:
-    """This process's index among the JAX processes (0 on one host)."""
-    return jax.process_index()
+    """This process's index among the JAX processes."""
+    return distributed.process_index()
 
 
 def process_count() -> int:
-    """The number of JAX processes (1 on one host)."""
-    return jax.process_count()
+    """The number of JAX processes."""
+    return distributed.process_count()
 
 
 def addressable_device_count() -> int:
     """Torch devices this process addresses: 1 in SPMD mode (the virtual device)."""
-    return 1 if is_spmd() else len(jax.local_devices())
+    return 1 if is_spmd() else len(runtime.local_devices())
 
 
 def global_device_count() -> int:

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import metrics, runtime
 from .ir import Ref, TensorSpec, device_data
-from .tensor import read, state, write
+from .tensor import new_tensor, read, state, write
 
 
 class ShardingType(enum.IntEnum):
@@ -583,6 +583,34 @@ class ShardingSpec:
 
     def apply(self, t: torch.Tensor) -> XLAShardedTensor:
         return mark_sharding(t, self.mesh, self.partition_spec)
+
+    def global_batch(self, t: torch.Tensor, device: Any = None) -> torch.Tensor:
+        """`t` sharded by this spec. With several processes and `minibatch=True`, `t` (on the
+        CPU) is this process's rows of the batch: the result is a new tensor, the global batch
+        of every process's rows (`jax.make_array_from_process_local_data`)."""
+        from . import distributed
+
+        if not (self.minibatch and distributed.process_count() > 1):
+            if t.device.type == "cpu":
+                t = t.to(device)
+            self.apply(t)
+            return t
+        local = t if t.device.type == "cpu" else unwrap(t).cpu()
+        part = self.mesh.translate(tuple(self.partition_spec))
+        named = self.mesh.named_sharding(part)
+        arr = jax.make_array_from_process_local_data(named, runtime.to_numpy(local))
+        spec = TensorSpec(tuple(arr.shape), local.dtype)
+        out = new_tensor((device_data(arr, spec, sharding=sharding_key(named, arr.ndim)), 0), spec)
+        state(out).sharding = ShardingAnnotation(self.mesh, part, named)
+        return out
+
+
+def minibatch_across_processes(sharding: Any) -> bool:
+    """True if a loader's `input_sharding` asks for global batches of per-process rows."""
+    from . import distributed
+
+    specs = sharding.values() if isinstance(sharding, dict) else [sharding]
+    return distributed.process_count() > 1 and any(getattr(s, "minibatch", False) for s in specs)
 
 
 def spec_of(t: torch.Tensor) -> TensorSpec:

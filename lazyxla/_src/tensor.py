@@ -109,23 +109,46 @@ class LazyState:
         self.version = 0
         self.seen = 0
         self.sharding: Any = None  # a sharding.ShardingAnnotation set by mark_sharding
-        _live.add(self)
-
-    def __del__(self) -> None:
-        metrics.counter_inc("DestroyXlaTensor")
+        _live[self.seq] = weakref.ref(self)
+        if len(_live) > _prune_at[0]:
+            _prune()
 
     @property
     def is_pending(self) -> bool:
         return self.value[0].op != DEVICE_DATA
 
 
-_live: weakref.WeakSet[LazyState] = weakref.WeakSet()
+# The live registry: creation number -> weak reference, in creation order (a dict keeps its
+# insertion order, and numbers only grow). A weakref without a callback is cheaper to make than a
+# WeakSet entry, and a state has no finalizer: dead entries are dropped (and counted as
+# DestroyXlaTensor) when the registry is read, when metrics are read, or when it doubles in size.
+_live: dict[int, weakref.ref[LazyState]] = {}
 _seq = itertools.count()
+_prune_at = [4096]
 
 
 def live_states() -> list[LazyState]:
     """Every live lazy storage, in creation order (a set's order would change the graph key)."""
-    return sorted(_live, key=_by_seq)
+    return _prune()
+
+
+def _prune() -> list[LazyState]:
+    out, dead = [], []
+    for k, r in _live.items():
+        s = r()
+        if s is None:
+            dead.append(k)
+        else:
+            out.append(s)
+    for k in dead:
+        del _live[k]
+    if dead:
+        metrics.counter_inc("DestroyXlaTensor", len(dead))
+    _prune_at[0] = max(4096, 2 * len(_live))
+    return out
+
+
+metrics.flush_hooks.append(_prune)
 
 
 def _by_seq(s: LazyState) -> int:
@@ -301,16 +324,23 @@ def storage_nbytes(shape: tuple[int, ...], stride: tuple[int, ...] | None, items
 
 
 def new_tensor(
-    value: Value, spec: TensorSpec, stride: tuple[int, ...] | None = None
+    value: Value,
+    spec: TensorSpec,
+    stride: tuple[int, ...] | None = None,
+    nbytes: int | None = None,
 ) -> torch.Tensor:
     """A fresh lazy tensor whose value is `value` (a base, not a view).
 
     `stride`: eager's strides for this tensor when they are not the contiguous ones (an
-    elementwise op on a transposed input keeps its layout, as on the CPU)."""
+    elementwise op on a transposed input keeps its layout, as on the CPU); `nbytes`: its
+    storage size if known (`storage_nbytes`)."""
     t = _create_empty(spec.shape, spec.dtype)
     st = t.untyped_storage()
-    nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
-    st._swap_data_ptr_(_storage_at(_reserve(nbytes), _DEVICE, nbytes))
+    if nbytes is None:
+        nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
+    p = _next_address[0]  # _reserve, inlined: see Note [Fake data pointers]
+    _next_address[0] = p + (nbytes + 127) // 64 * 64
+    st._swap_data_ptr_(_storage_at(p, _DEVICE, nbytes))
     if stride is not None or 0 in spec.shape:  # (create_empty_tensor's strides differ for empty)
         _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), 0)
     st._lx = LazyState(value, spec, stride)

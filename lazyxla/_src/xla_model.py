@@ -1,23 +1,38 @@
-"""torch_xla's `torch_xla.core.xla_model` (`xm`), for one process.
+"""torch_xla's `torch_xla.core.xla_model` (`xm`).
 
-lazyxla is one process (world size 1, ordinal 0), so the collectives have their one-replica
-meaning: a reduction over one replica is the input (times `scale`), a gather or scatter over one
-shard is the input, and a permutation either keeps the value (pair `(0, 0)`) or, as XLA's
-collective-permute does for a device nobody sends to, gives zeros.
+A process alone is one replica (world size 1, ordinal 0), and the collectives have their
+one-replica meaning: a reduction over one replica is the input (times `scale`), a gather or
+scatter over one shard is the input, and a permutation either keeps the value (pair `(0, 0)`) or,
+as XLA's collective-permute does for a device nobody sends to, gives zeros. Processes started
+together (`torch_xla.launch`, torchrun) are the replicas of one job, and the collectives cross
+them (Note [Cross-process collectives] in collectives.py); inside an SPMD manual region they run
+over mesh axes (manual.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import torch
 
-from . import api, graph, manual, random_state, runtime, runtime_api, step_closures
+from . import (
+    api,
+    collectives,
+    distributed,
+    graph,
+    manual,
+    metrics,
+    random_state,
+    runtime,
+    runtime_api,
+    step_closures,
+)
 from .ir import DEVICE_DATA, Node, Ref, device_data
 from .tensor import DEVICE_TYPE, is_lazy, live_states, new_tensor, read, state, write
 
@@ -109,6 +124,7 @@ def wait_device_ops(devices: Sequence[Any] = ()) -> None:
     del devices
     arrays = [s.value[0].data for s in live_states() if s.value[0].op == DEVICE_DATA]
     jax.block_until_ready(arrays)
+    metrics.wait_for_samples()  # ExecuteTime samples still being timed (Note [ExecuteTime])
     step_closures.wait_async()
 
 
@@ -123,6 +139,36 @@ def add_step_closure(
     step_closures.add(closure, args, run_async)
 
 
+def _gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
+        p.grad
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.grad is not None and is_lazy(p.grad)
+    ]
+
+
+def reduce_gradients(
+    optimizer: torch.optim.Optimizer, groups: Any = None, pin_layout: bool = True
+) -> None:
+    """Average the gradients of `optimizer`'s parameters over the replicas (in place).
+
+    With one replica there is nothing to do. Over several processes it records one all-reduce of
+    every gradient (scaled by 1/world size) into the step's graph. `pin_layout` is accepted for
+    torch_xla's signature: XLA chooses layouts here, and no layout is left to pin.
+    """
+    del pin_layout
+    count = runtime_api.world_size()
+    if count <= 1 or not collectives.active():
+        _check_groups(groups, "reduce_gradients")
+        return
+    grads = _gradients(optimizer)
+    if grads:
+        g = collectives.check_groups(groups, "reduce_gradients")
+        scale = 1.0 / (count if g is None else len(g[0]))
+        all_reduce(REDUCE_SUM, grads, scale=scale, groups=groups)
+
+
 def optimizer_step(
     optimizer: torch.optim.Optimizer,
     barrier: bool = False,
@@ -130,23 +176,41 @@ def optimizer_step(
     groups: Any = None,
     pin_layout: bool = True,
 ) -> Any:
-    """`optimizer.step(**optimizer_args)` after reducing gradients over replicas (none here).
+    """`reduce_gradients(optimizer)`, then `optimizer.step(**optimizer_args)`.
 
     Args:
         optimizer: the optimizer to step.
         barrier: also `mark_step()` afterwards (for loops that do not use a device loader).
         optimizer_args: keyword arguments of `optimizer.step`.
-        groups, pin_layout: replica groups and layout pinning of the gradient all-reduce;
-            ignored in one process.
+        groups: replica groups of the gradient all-reduce (None: all replicas).
+        pin_layout: accepted for torch_xla's signature (see `reduce_gradients`).
 
     Returns:
         What `optimizer.step` returned.
     """
-    del groups, pin_layout
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     loss = optimizer.step(**(optimizer_args or {}))
     if barrier:
         mark_step()
     return loss
+
+
+def rendezvous(tag: str, payload: bytes = b"", replicas: Sequence[int] = ()) -> list[bytes]:
+    """Wait for every process (or `replicas`) at `tag`; returns all their payloads, in order."""
+    return distributed.rendezvous(tag, payload, replicas)
+
+
+def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
+    """`reduce_fn` over every process's `data` (lazy tensors in it are moved to the CPU first),
+    outside the graph: no compile, for metrics such as an epoch's accuracy."""
+    return distributed.mesh_reduce(tag, _to_cpu(data), reduce_fn)
+
+
+def get_xla_supported_devices(devkind: str | None = None, max_devices: int | None = None) -> list:
+    """This process's devices, as torch_xla names them (`jax:0`, ...)."""
+    del devkind
+    devs = [str(d) for d in api.devices()[: runtime_api.addressable_device_count()]]
+    return devs[:max_devices] if max_devices else devs
 
 
 # --- data movement -------------------------------------------------------------------------------
@@ -179,6 +243,8 @@ def save(
     cpu_data = _to_cpu(data)
     if not master_only or is_master_ordinal(local=not global_master):
         torch.save(cpu_data, file_or_path)
+    if distributed.process_count() > 1:
+        rendezvous("torch_xla.core.xla_model.save")  # the file is complete when anyone returns
 
 
 def upload(t: torch.Tensor) -> jax.Array:
@@ -273,6 +339,19 @@ def set_rng_state(seed: int, device: Any = None) -> None:
     del device
     seed = int(seed)
     random_state.set_state(seed & ((1 << _SEED_BITS) - 1), seed >> _SEED_BITS)
+
+
+@contextlib.contextmanager
+def fork_rng(device: Any = None, enabled: bool = True) -> Iterator[None]:
+    """Inside the block draw from the device RNG freely; on exit its state is what it was."""
+    if not enabled:
+        yield
+        return
+    saved = get_rng_state(device)
+    try:
+        yield
+    finally:
+        set_rng_state(saved, device)
 
 
 # --- memory, barriers, materialisation -----------------------------------------------------------
@@ -398,6 +477,14 @@ def all_reduce(
         for t, o in zip(inputs, out):
             t.copy_(o)
         return inputs
+    if collectives.active():  # Note [Cross-process collectives]
+        out = collectives.all_reduce(tensors, reduce_type, scale, groups)
+        if isinstance(inputs, torch.Tensor):
+            return out[0]
+        with torch.no_grad():
+            for t, o in zip(inputs, out):
+                t.copy_(o)
+        return inputs
     _check_groups(groups, "all_reduce")
     if isinstance(inputs, torch.Tensor):
         return _scaled(inputs, scale)
@@ -424,8 +511,11 @@ def all_gather(
             output.copy_(result)
             return output
         return result
-    _check_groups(groups, "all_gather")
-    result = torch.cat([value], dim=dim)
+    if collectives.active():
+        result = collectives.all_gather(value, dim, groups)
+    else:
+        _check_groups(groups, "all_gather")
+        result = torch.cat([value], dim=dim)
     if output is not None:
         output.copy_(result)
         return output
@@ -455,6 +545,24 @@ def reduce_scatter(
             output.copy_(result)
             return output
         return result
+    if collectives.active():
+        if isinstance(input, torch.Tensor):
+            result = collectives.reduce_scatter(
+                input, reduce_type, scale, scatter_dim, shard_count, groups
+            )
+            if output is not None:
+                output.copy_(result)
+                return output
+            return result
+        results = [
+            collectives.reduce_scatter(t, reduce_type, scale, scatter_dim, shard_count, groups)
+            for t in input
+        ]
+        if output is not None:
+            for o, r in zip(output, results, strict=True):
+                o.copy_(r)
+            return output
+        return results
     _check_groups(groups, "reduce_scatter")
     if shard_count != 1:
         raise ValueError(
@@ -487,12 +595,39 @@ def all_to_all(
     mesh = manual.in_manual_region([value])
     if mesh is not None:
         return manual.all_to_all(value, mesh, split_dimension, concat_dimension, groups)
+    if collectives.active():
+        return collectives.all_to_all(value, split_dimension, concat_dimension, split_count, groups)
     _check_groups(groups, "all_to_all")
     if split_count != 1:
         raise ValueError(
             f"all_to_all: split_count={split_count} must equal the number of replicas (1)"
         )
     return value.clone()
+
+
+def collective_broadcast(
+    tensors: Sequence[torch.Tensor],
+    root_ordinal: int = 0,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> None:
+    """Overwrite `tensors` (in place) on every replica with their values on `root_ordinal`.
+
+    Every replica records the same graph: a multiply by a device-data 1 (root) or 0 (others),
+    then a sum over the replicas.
+    """
+    del pin_layout
+    if not collectives.active():
+        _check_groups(groups, "collective_broadcast")
+        if root_ordinal != 0:
+            raise ValueError(f"collective_broadcast: root {root_ordinal} is not a replica (0)")
+        return
+    me = runtime_api.global_ordinal()
+    with torch.no_grad():
+        for t in tensors:
+            keep = torch.tensor(1 if me == root_ordinal else 0, dtype=t.dtype).to(t.device)
+            t.mul_(keep)
+        all_reduce(REDUCE_SUM, list(tensors), groups=groups)
 
 
 def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -504,6 +639,8 @@ def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> t
     mesh = manual.in_manual_region([value])
     if mesh is not None:
         return manual.collective_permute(value, mesh, pairs)
+    if collectives.active():
+        return collectives.collective_permute(value, pairs)
     for pair in pairs:
         if any(r != 0 for r in pair):
             raise ValueError(

@@ -1,7 +1,8 @@
 """torch_xla's `torch_xla.core.xla_model` (`xm`): steps, devices, data movement and collectives.
 
-lazyxla is one process, so ordinals are 0, the world size is 1 and the collectives have their
-one-replica meaning (see `lazyxla._src.xla_model`).
+One process alone is one replica: ordinal 0, world size 1, and the collectives have their
+one-replica meaning. Processes started by `torch_xla.launch` / `xmp.spawn` / torchrun are replicas
+of one job, and the collectives cross them (Note [Cross-process collectives]).
 """
 
 from .._src.xla_model import REDUCE_AND as REDUCE_AND
@@ -15,20 +16,26 @@ from .._src.xla_model import add_step_closure as add_step_closure
 from .._src.xla_model import all_gather as all_gather
 from .._src.xla_model import all_reduce as all_reduce
 from .._src.xla_model import all_to_all as all_to_all
+from .._src.xla_model import collective_broadcast as collective_broadcast
 from .._src.xla_model import collective_permute as collective_permute
+from .._src.xla_model import fork_rng as fork_rng
 from .._src.xla_model import get_local_ordinal as get_local_ordinal
 from .._src.xla_model import get_memory_info as get_memory_info
 from .._src.xla_model import get_ordinal as get_ordinal
 from .._src.xla_model import get_rng_state as get_rng_state
 from .._src.xla_model import get_stablehlo as get_stablehlo
 from .._src.xla_model import get_stablehlo_bytecode as get_stablehlo_bytecode
+from .._src.xla_model import get_xla_supported_devices as get_xla_supported_devices
 from .._src.xla_model import is_master_ordinal as is_master_ordinal
 from .._src.xla_model import is_xla_tensor as is_xla_tensor
 from .._src.xla_model import mark_step as mark_step
 from .._src.xla_model import master_print as master_print
+from .._src.xla_model import mesh_reduce as mesh_reduce
 from .._src.xla_model import optimization_barrier_ as optimization_barrier_
 from .._src.xla_model import optimizer_step as optimizer_step
+from .._src.xla_model import reduce_gradients as reduce_gradients
 from .._src.xla_model import reduce_scatter as reduce_scatter
+from .._src.xla_model import rendezvous as rendezvous
 from .._src.xla_model import save as save
 from .._src.xla_model import send_cpu_data_to_device as send_cpu_data_to_device
 from .._src.xla_model import set_rng_state as set_rng_state
@@ -51,10 +58,12 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_to_all",
+    "collective_broadcast",
     "collective_permute",
     "get_local_ordinal",
     "get_memory_info",
     "get_ordinal",
+    "fork_rng",
     "get_rng_state",
     "get_stablehlo",
     "get_stablehlo_bytecode",
@@ -66,6 +75,10 @@ __all__ = [
     "optimizer_step",
     "reduce_scatter",
     "save",
+    "get_xla_supported_devices",
+    "reduce_gradients",
+    "mesh_reduce",
+    "rendezvous",
     "send_cpu_data_to_device",
     "set_rng_state",
     "unlazy",

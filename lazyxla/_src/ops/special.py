@@ -57,9 +57,9 @@ def _noncontiguous(t: torch.Tensor) -> tuple[int, ...] | None:
 
 
 def materialize(t: torch.Tensor) -> Any:
-    """Run what `t` needs (only that) and return its device array."""
+    """Run what `t` needs and return its device array (Note [What a value read syncs])."""
     s = state(t)
-    graph.sync_states([s])
+    graph.sync_read(s)
     return read(s)[0].data
 
 

@@ -17,24 +17,35 @@ from ..._src.sharding import mark_sharding_with_gradients as mark_sharding_with_
 from ..._src.sharding import set_global_mesh as set_global_mesh
 from ..._src.sharding import use_spmd as use_spmd
 from ..._src.sharding import wrap_if_sharded as wrap_if_sharded
+from ..._src.spmd_api import auto_policy as auto_policy
+from ..._src.spmd_api import xla_distribute_module as xla_distribute_module
+from ..._src.spmd_api import xla_distribute_tensor as xla_distribute_tensor
+from ..._src.spmd_extra import MarkShardingFunction as MarkShardingFunction
+from ..._src.spmd_extra import annotate_custom_sharding as annotate_custom_sharding
+from ..._src.spmd_extra import shard_as as shard_as
 from ..._src.spmd_model import XLAPatchedLinear as XLAPatchedLinear
 from ..._src.spmd_model import (
     apply_backward_optimization_barrier as apply_backward_optimization_barrier,
 )
 from ..._src.spmd_model import xla_patched_nn_linear_forward as xla_patched_nn_linear_forward
+from . import api as api
 from . import debugging as debugging
+from . import xla_sharding as xla_sharding
 from .debugging import visualize_sharding as visualize_sharding
 from .debugging import visualize_tensor_sharding as visualize_tensor_sharding
 
 __all__ = [
     "HybridMesh",
+    "MarkShardingFunction",
     "Mesh",
     "ShardingSpec",
     "ShardingType",
     "XLAShard",
     "XLAPatchedLinear",
     "XLAShardedTensor",
+    "annotate_custom_sharding",
     "apply_backward_optimization_barrier",
+    "auto_policy",
     "clear_sharding",
     "disable_manual_sharding",
     "enable_manual_sharding",
@@ -44,9 +55,12 @@ __all__ = [
     "mark_sharding",
     "mark_sharding_with_gradients",
     "set_global_mesh",
+    "shard_as",
     "use_spmd",
     "visualize_sharding",
     "visualize_tensor_sharding",
     "wrap_if_sharded",
+    "xla_distribute_module",
+    "xla_distribute_tensor",
     "xla_patched_nn_linear_forward",
 ]

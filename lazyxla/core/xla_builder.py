@@ -1,0 +1,27 @@
+"""torch_xla's `torch_xla.core.xla_builder` (`xb`): JAX functions and Op-builder functions as
+ops of the lazy graph.
+
+`call_jax(f, args, kwargs)` records `f` as one op (Note [call_jax] in
+`lazyxla/_src/jax_interop.py`); `Op`, `Type` and `Shape` are torch_xla's op builder, over
+`jax.lax` (Note [Op builder] in `lazyxla/_src/op_builder.py`).
+"""
+
+from .._src.jax_interop import _CACHE as _JAX_TO_XLA_COMPUTATION_CACHE
+from .._src.jax_interop import cache_size as _jax_to_xla_computation_cache_elements
+from .._src.jax_interop import call_jax as call_jax
+from .._src.op_builder import XLA_PT_TYPE_MAP as _XLA_PT_TYPE_MAP
+from .._src.op_builder import Op as Op
+from .._src.op_builder import Shape as Shape
+from .._src.op_builder import Type as Type
+from .._src.op_builder import tensor_shape as tensor_shape
+
+__all__ = [
+    "_JAX_TO_XLA_COMPUTATION_CACHE",
+    "_XLA_PT_TYPE_MAP",
+    "_jax_to_xla_computation_cache_elements",
+    "Op",
+    "Shape",
+    "Type",
+    "call_jax",
+    "tensor_shape",
+]

@@ -1,0 +1,1 @@
+"""torch_xla's `torch_xla.test` package: `test_utils`."""

@@ -1,0 +1,796 @@
+"""pytorch/xla's own tests and examples, run through the torch_xla alias: the conformance report.
+
+    python -m lazyxla.tools.upstream PTXLA                  # everything; writes the doc
+    python -m lazyxla.tools.upstream PTXLA --files 'test/test_metrics.py' 'test/spmd/*'
+    python -m lazyxla.tools.upstream PTXLA --collect-only   # imports only (fast)
+
+(PTXLA: a pytorch/xla checkout.)
+
+Each test file runs in its own subprocess under pytest (which also collects unittest-style files),
+with the environment pytorch/xla's `test/run_tests.sh` gives that file (`PJRT_DEVICE=CPU`,
+`CPU_NUM_DEVICES`, `XLA_*` flags, read from the script itself), and with the torch_xla alias
+installed at interpreter start (a generated `sitecustomize`, so subprocesses a test spawns get it
+too). A pytest plugin (this module, loaded with `-p`) appends each test's outcome to a JSON-lines
+file as it happens, so a file that times out or crashes still reports the cases that ran. Each
+example under `examples/` runs to the end with `lazyxla run` (with size-reducing flags where it
+takes them) and its printed losses are checked to decrease.
+
+Results are kept per file in `--results-dir`; a run over a subset (`--files`) replaces those files'
+results and the report is regenerated from every stored result, so fixing one module and re-running
+its files updates the table. The report (`docs/torch_xla_conformance.md`) lists per file
+collected / passed / failed / skipped / errored-at-import, every failure grouped by cause (the
+exception's first line, normalised), the torch_xla modules that stop files at import, ranked, and,
+separately, the failures that happen only because lazyxla's device type is `jax`, not `xla`.
+
+Files that need a TPU, GPU or Neuron device (`EXCLUDED`) are listed, not run. None of pytorch/xla's
+files are copied into this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import fnmatch
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_DOC = os.path.join(REPO, "docs", "torch_xla_conformance.md")
+DEFAULT_RESULTS = os.path.join(tempfile.gettempdir(), "lazyxla-upstream")
+RESULTS_ENV = "LAZYXLA_UPSTREAM_RESULTS"
+MAX_JOBS = 2
+
+# Test files (globs relative to the checkout) that need hardware other than a CPU, and why.
+EXCLUDED = {
+    "test/tpu/*": "TPU CI only",
+    "test/neuron/*": "Neuron only",
+    "test/cpp/*": "C++ tests",
+    "test/benchmarks/*": "benchmark-runner unit tests, not torch_xla's",
+    "*tpu*": "TPU only",
+    "*pallas*": "Pallas TPU kernels",
+    "*splash_attention*": "Pallas TPU kernel",
+    "*paged_attention*": "Pallas TPU kernel",
+    "test/test_gmm.py": "grouped matmul Pallas TPU kernel",
+    "test/test_autocast_xla.py": "CUDA/TPU autocast policy",
+}
+
+# Examples and the flags that shrink them to a CPU-sized run (examples not listed take none).
+EXAMPLE_ARGS = {
+    "examples/train_decoder_only_base.py": [
+        "--num-steps=12",  # losses print every 10 steps, each at the next step: two of them
+        "--hidden-size=256",
+        "--num-layers=2",
+        "--intermediate-size=1024",
+    ],
+}
+EXAMPLE_SKIP = {
+    "examples/decoder_only_model.py": "a model definition, not a program",
+}
+
+# run_tests.sh: its exported defaults, and what each of its wrapper functions adds.
+BASE_ENV = {
+    "PYTORCH_TEST_WITH_SLOW": "1",
+    "XLA_DUMP_FATAL_STACK": "1",
+    "CPU_NUM_DEVICES": "4",
+}
+_WRAPPERS: dict[str, dict[str, str]] = {
+    "run_coverage": {},
+    "run_test": {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"},
+    "run_test_multi_devices": {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"},
+    "run_test_without_functionalization": {"XLA_DISABLE_FUNCTIONALIZATION": "1"},
+    "run_test_multi_devices_without_func": {"XLA_DISABLE_FUNCTIONALIZATION": "1"},
+    "run_use_bf16": {"XLA_USE_BF16": "1"},
+    "run_downcast_bf16": {"XLA_DOWNCAST_BF16": "1"},
+    "run_dynamic": {"XLA_EXPERIMENTAL": "nonzero:masked_select:masked_scatter:nms"},
+    "run_eager_debug": {"XLA_USE_EAGER_DEBUG_MODE": "1"},
+    "run_pt_xla_debug": {"PT_XLA_DEBUG": "1", "PT_XLA_DEBUG_FILE": "/tmp/pt_xla_debug.txt"},
+    "run_pt_xla_debug_level1": {
+        "PT_XLA_DEBUG_LEVEL": "1",
+        "PT_XLA_DEBUG_FILE": "/tmp/pt_xla_debug.txt",
+    },
+    "run_pt_xla_debug_level2": {
+        "PT_XLA_DEBUG_LEVEL": "2",
+        "PT_XLA_DEBUG_FILE": "/tmp/pt_xla_debug.txt",
+    },
+    "run_xla_ir_debug": {"XLA_IR_DEBUG": "1"},
+    "run_xla_hlo_debug": {"XLA_HLO_DEBUG": "1"},
+    "run_xla_ir_hlo_debug": {"XLA_IR_DEBUG": "1", "XLA_HLO_DEBUG": "1"},
+    "run_save_tensor_ir": {"XLA_SAVE_TENSORS_FILE": "{tmp}/graphs", "XLA_SAVE_TENSORS_FMT": "text"},
+    "run_save_tensor_hlo": {"XLA_SAVE_TENSORS_FILE": "{tmp}/graphs", "XLA_SAVE_TENSORS_FMT": "hlo"},
+}
+# Wrappers that end in `run_test` (their env is added on top of run_test's).
+_ON_RUN_TEST = {
+    "run_test_without_functionalization",
+    "run_use_bf16",
+    "run_downcast_bf16",
+    "run_dynamic",
+    "run_eager_debug",
+    "run_pt_xla_debug",
+    "run_pt_xla_debug_level1",
+    "run_pt_xla_debug_level2",
+}
+_PLAIN = ("run_test", "run_test_multi_devices", "run_coverage")
+_INVOCATION = re.compile(
+    r"^\s*((?:[A-Z_][A-Z0-9_]*=\S+\s+)*)((?:run_\w+\s+)+)\"?\$_TEST_DIR/([^\"\s]+\.py)\"?(.*)$"
+)
+
+
+@dataclasses.dataclass
+class Item:
+    """One program to run: a test file (under pytest) or an example (as a script)."""
+
+    kind: str  # "test" | "example"
+    path: str  # relative to the checkout
+    env: dict[str, str]
+    args: list[str] = dataclasses.field(default_factory=list)
+    how: str = ""  # the run_tests.sh line it came from, for the report
+
+
+def _env_of(wrappers: Sequence[str], prefix: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name in reversed(wrappers):  # the innermost wrapper's settings first
+        if name in _ON_RUN_TEST:
+            env.update(_WRAPPERS["run_test"])
+        if name == "run_test_multi_devices_without_func":
+            env.update(_WRAPPERS["run_test_multi_devices"])
+        env.update(_WRAPPERS.get(name, {}))
+    for assign in prefix.split():
+        key, _, value = assign.partition("=")
+        env[key] = value.strip("\"'")
+    return env
+
+
+def run_tests_env(ptxla: str) -> dict[str, tuple[dict[str, str], str]]:
+    """Per test file (relative to the checkout): the env run_tests.sh runs it with, and the line.
+
+    A file run several ways gets its plain run (`run_test`, `run_test_multi_devices`) if it has one,
+    else its first.
+    """
+    script = os.path.join(ptxla, "test", "run_tests.sh")
+    found: dict[str, list[tuple[list[str], str, str]]] = defaultdict(list)
+    with open(script) as f:
+        for line in f:
+            m = _INVOCATION.match(line)
+            if m is None:
+                continue
+            prefix, wrappers, rel = m.group(1), m.group(2).split(), m.group(3)
+            found["test/" + rel].append((wrappers, prefix, line.strip()))
+    out = {}
+    for rel, runs in found.items():
+        plain = [r for r in runs if r[0][-1] in _PLAIN and len(r[0]) == 1]
+        wrappers, prefix, line = (plain or runs)[0]
+        out[rel] = (_env_of(wrappers, prefix), line)
+    return out
+
+
+def _excluded(rel: str) -> str | None:
+    for pattern, why in EXCLUDED.items():
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(os.path.basename(rel), pattern):
+            return why
+    return None
+
+
+def _is_test_file(name: str) -> bool:
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+def discover(ptxla: str) -> tuple[list[Item], dict[str, str]]:
+    """Every runnable test file and example, and the excluded files with their reasons."""
+    envs = run_tests_env(ptxla)
+    items: list[Item] = []
+    excluded: dict[str, str] = {}
+    for root, dirs, files in os.walk(os.path.join(ptxla, "test")):
+        dirs.sort()
+        for name in sorted(files):
+            if not _is_test_file(name):
+                continue
+            rel = os.path.relpath(os.path.join(root, name), ptxla)
+            why = _excluded(rel)
+            if why is not None:
+                excluded[rel] = why
+                continue
+            env, how = envs.get(rel, ({"PJRT_DEVICE": "CPU"}, "not in run_tests.sh"))
+            items.append(Item("test", rel, env, how=how))
+    for root, dirs, files in os.walk(os.path.join(ptxla, "examples")):
+        dirs.sort()
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(root, name), ptxla)
+            if not name.endswith(".py"):
+                continue
+            if rel in EXAMPLE_SKIP:
+                excluded[rel] = EXAMPLE_SKIP[rel]
+                continue
+            multi = any(k in rel for k in ("spmd", "fsdp", "ddp", "data_parallel"))
+            env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4" if multi else "1"}
+            items.append(Item("example", rel, env, list(EXAMPLE_ARGS.get(rel, []))))
+    return items, excluded
+
+
+# --- the pytest plugin (loaded in the child with `-p lazyxla.tools.upstream`) -------------------
+
+
+def _crash_line(report: Any) -> str:
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return str(crash.message).strip().splitlines()[0] if crash.message.strip() else ""
+    text = str(getattr(report, "longreprtext", "") or report.longrepr or "")
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    errors = [ln[2:].strip() for ln in lines if ln.startswith("E ")]
+    return (errors[0] if errors else (lines[-1] if lines else "")).strip()
+
+
+def _emit(record: dict[str, Any]) -> None:
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def pytest_collectreport(report: Any) -> None:
+    if report.failed:
+        _emit(
+            {
+                "id": report.nodeid,
+                "phase": "collect",
+                "outcome": "error",
+                "message": _crash_line(report),
+                "detail": str(getattr(report, "longreprtext", ""))[-4000:],
+            }
+        )
+
+
+def pytest_configure(config: Any) -> None:
+    """absltest files read absl flags (`--test_tmpdir`) that `absltest.main()` would parse."""
+    try:
+        from absl import flags
+    except ImportError:
+        return
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(["pytest"], known_only=True)
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """The test module becomes `__main__`, as under `python test_x.py` (tests patch
+    `__main__.f`)."""
+    import sys
+
+    for item in session.items:
+        module = getattr(getattr(item, "module", None), "__name__", None)
+        if module is not None and module in sys.modules:
+            sys.modules["__main__"] = sys.modules[module]
+            return
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when == "call" or report.outcome != "passed" or getattr(report, "wasxfail", None):
+        outcome = report.outcome
+        if report.when != "call" and outcome == "failed":
+            outcome = "error"  # setup/teardown failure
+        if hasattr(report, "wasxfail"):
+            outcome = "xfail" if report.skipped else "xpass"
+        message = ""
+        if outcome == "skipped":
+            lr = report.longrepr
+            message = str(lr[2] if isinstance(lr, tuple) and len(lr) == 3 else lr)
+        elif outcome in ("failed", "error"):
+            message = _crash_line(report)
+        _emit(
+            {
+                "id": report.nodeid,
+                "phase": report.when,
+                "outcome": outcome,
+                "message": message,
+                "detail": str(getattr(report, "longreprtext", ""))[-4000:]
+                if outcome in ("failed", "error")
+                else "",
+            }
+        )
+
+
+# --- running ----------------------------------------------------------------------------------
+
+_SITECUSTOMIZE = """\
+# Generated by lazyxla.tools.upstream: every Python started under it gets the torch_xla alias.
+import os
+if os.environ.get("LAZYXLA_UPSTREAM_ALIAS") == "1":
+    import lazyxla.compat
+    lazyxla.compat.install()
+"""
+
+
+def _support_dir(results_dir: str) -> str:
+    d = os.path.join(results_dir, "site")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "sitecustomize.py"), "w") as f:
+        f.write(_SITECUSTOMIZE)
+    with open(os.path.join(d, "pytest.ini"), "w") as f:
+        f.write("[pytest]\naddopts =\n")
+    return d
+
+
+def _key(rel: str) -> str:
+    return rel.replace("/", "__")
+
+
+def _group_rss(pgid: int) -> int:
+    """Resident bytes of every process in group `pgid` (Linux /proc)."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _watch(proc: subprocess.Popen, timeout: float, memory_limit: float) -> tuple[int, bool, bool]:
+    """Wait for `proc`; kill its process group past `timeout` seconds or `memory_limit` bytes of
+    resident memory (a program sized for a TPU host must not push the machine into swap or the
+    OOM killer). Returns (returncode, timed out, over the memory limit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=1.0), False, False
+        except subprocess.TimeoutExpired:
+            pass
+        over = memory_limit > 0 and _group_rss(proc.pid) > memory_limit
+        if over or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(), not over, over
+
+
+def _run_one(
+    item: Item,
+    ptxla: str,
+    results_dir: str,
+    timeout: float,
+    collect_only: bool,
+    memory_limit: float = 0,
+) -> dict[str, Any]:
+    site = _support_dir(results_dir)
+    key = _key(item.path)
+    jsonl = os.path.join(results_dir, key + ".jsonl")
+    log = os.path.join(results_dir, key + ".log")
+    tmp = tempfile.mkdtemp(prefix=key[:40] + ".", dir=results_dir)
+    if os.path.exists(jsonl):
+        os.remove(jsonl)
+    here = os.path.join(ptxla, os.path.dirname(item.path))
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith(("XLA_", "PT_XLA_", "PJRT_")) or k == "CPU_NUM_DEVICES":
+            del env[k]
+    env.update(BASE_ENV)
+    env["TORCH_TEST_DEVICES"] = os.path.join(ptxla, "test", "pytorch_test_base.py")
+    env.update({k: v.replace("{tmp}", tmp) for k, v in item.env.items()})
+    env["LAZYXLA_UPSTREAM_ALIAS"] = "1"
+    env[RESULTS_ENV] = jsonl
+    # Not the checkout itself: its torch_xla/ source tree would shadow the alias.
+    path_parts = [site, here, os.path.join(ptxla, "test"), REPO]
+    if item.kind == "example":  # examples import their shared modules from examples/
+        path_parts.insert(2, os.path.join(ptxla, "examples"))
+    if env.get("PYTHONPATH"):
+        path_parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(path_parts)
+    if item.kind == "test":
+        cmd = [sys.executable, "-m", "pytest", os.path.join(ptxla, item.path), "-q", "-n", "0"]
+        cmd += ["-p", "no:cacheprovider", "-p", "lazyxla.tools.upstream"]
+        cmd += ["-c", os.path.join(site, "pytest.ini"), "--rootdir", ptxla, "-rN", "--tb=short"]
+        if collect_only:
+            cmd.append("--collect-only")
+        cwd = ptxla
+    else:
+        cmd = [sys.executable, "-m", "lazyxla", "run", os.path.join(ptxla, item.path), *item.args]
+        cwd = here
+    start = time.monotonic()
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(f"{k}={v}" for k, v in item.env.items()) + " ")
+        out.write(shlex.join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        rc, timed_out, over_memory = _watch(proc, timeout, memory_limit)
+    seconds = time.monotonic() - start
+    with open(log, errors="replace") as f:
+        output = f.read()
+    result: dict[str, Any] = {
+        "path": item.path,
+        "kind": item.kind,
+        "env": item.env,
+        "args": item.args,
+        "how": item.how,
+        "rc": rc,
+        "timed_out": timed_out,
+        "over_memory": over_memory,
+        "memory_limit": memory_limit,
+        "seconds": round(seconds, 1),
+        "collect_only": collect_only,
+        "timeout": timeout,
+        "tail": output[-3000:],
+    }
+    if item.kind == "test":
+        records = []
+        if os.path.exists(jsonl):
+            with open(jsonl) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        result["cases"] = records
+        if collect_only:
+            result["collected"] = len(re.findall(r"^\S+::\S+$", output, flags=re.M))
+    else:
+        result.update(_example_outcome(output))
+    with open(os.path.join(results_dir, key + ".json"), "w") as f:
+        json.dump(result, f)
+    return result
+
+
+_LOSS = re.compile(
+    r"loss[\w ]*[:=]\s*(?:tensor\(\s*)?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+)
+
+
+def _example_outcome(output: str) -> dict[str, Any]:
+    losses = [float(v) for v in _LOSS.findall(output)]
+    errors = [
+        ln.strip()
+        for ln in output.splitlines()
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*", ln.strip())
+    ]
+    return {"losses": losses[:3] + losses[-3:] if len(losses) > 6 else losses, "errors": errors}
+
+
+def run(
+    items: Sequence[Item],
+    ptxla: str,
+    results_dir: str,
+    timeout: float,
+    jobs: int,
+    collect_only: bool = False,
+    example_timeout: float | None = None,
+    memory_limit: float = 0,
+) -> list[dict[str, Any]]:
+    os.makedirs(results_dir, exist_ok=True)
+    results = []
+    jobs = max(1, min(jobs, MAX_JOBS))
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {
+            pool.submit(
+                _run_one,
+                it,
+                ptxla,
+                results_dir,
+                example_timeout if it.kind == "example" and example_timeout else timeout,
+                collect_only,
+                memory_limit,
+            ): it
+            for it in items
+        }
+        for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            r = fut.result()
+            results.append(r)
+            print(f"[{n}/{len(items)}] {r['path']}: {_summary_line(r)}", flush=True)
+    return results
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def _counts(r: dict[str, Any]) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for case in r.get("cases", []):
+        if case["phase"] == "collect":
+            c["import_error"] += 1
+        else:
+            c[case["outcome"]] += 1
+    return c
+
+
+def _status(r: dict[str, Any]) -> str:
+    if r.get("over_memory"):
+        return "over memory limit"
+    if r["kind"] == "example":
+        ls = r.get("losses", [])
+        falling = len(ls) >= 2 and ls[-1] < ls[0]
+        if r["timed_out"]:
+            return "timeout, loss falling" if falling else "timeout"
+        if r["rc"] != 0:
+            return "failed"
+        return "ok, loss falling" if falling else "ok"
+    c = _counts(r)
+    if c["import_error"] and not any(c[k] for k in ("passed", "failed", "error", "skipped")):
+        return "import error"
+    if r["timed_out"]:
+        return "timeout"
+    if r["rc"] not in (0, 1, 5) and r["rc"] is not None:
+        return f"crashed (rc {r['rc']})"
+    return "ran"
+
+
+def _summary_line(r: dict[str, Any]) -> str:
+    if r.get("over_memory"):
+        return "over memory limit"
+    if r["kind"] == "example":
+        ls = r.get("losses", [])
+        trend = f", loss {ls[0]:.4g} -> {ls[-1]:.4g}" if len(ls) >= 2 else ""
+        return f"{_status(r)} in {r['seconds']}s{trend}"
+    c = _counts(r)
+    if r.get("collect_only"):
+        errs = [x["message"] for x in r.get("cases", []) if x["phase"] == "collect"]
+        return f"{_status(r)}: {r.get('collected', 0)} collected" + (f"; {errs[0]}" if errs else "")
+    return (
+        f"{_status(r)}: {c['passed']} passed, {c['failed'] + c['error']} failed, "
+        f"{c['skipped']} skipped ({r['seconds']}s)"
+    )
+
+
+_NORMALISE = [
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?(?![\w])"), "N"),
+    (re.compile(r"tensor\(.*"), "tensor(…)"),
+    (re.compile(r"/tmp/[^\s'\"]+"), "/tmp/…"),
+    (re.compile(r"\s+"), " "),
+]
+
+
+def normalise(message: str) -> str:
+    """The cause of a failure, for grouping: the first line, with numbers and addresses elided."""
+    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    for pattern, repl in _NORMALISE:
+        line = pattern.sub(repl, line)
+    return line[:160]
+
+
+_DEVICE_MESSAGE = re.compile(
+    r"['\"]jax['\"].*['\"]xla['\"]|['\"]xla['\"].*['\"]jax['\"]|type='jax'"
+)
+_DEVICE_SOURCE = re.compile(r"^>.*(\.type\b|device\b|str\().*['\"]xla(:\d+)?['\"]", re.M)
+
+
+def device_type_only(case: dict[str, Any]) -> bool:
+    """A failure that happens only because lazyxla's device type is `jax` (torch_xla's is `xla`).
+
+    Either the message compares the two names, or the failing source line compares a device or its
+    type with the literal `'xla'` and the message names `jax`.
+    """
+    msg = case.get("message", "")
+    detail = case.get("detail", "")
+    if _DEVICE_MESSAGE.search(msg) and "xla" in msg:
+        return True
+    return bool(_DEVICE_SOURCE.search(detail)) and "jax" in msg
+
+
+_MISSING = re.compile(r"No module named '(torch_xla[\w.]*)'")
+
+
+def report(
+    results: Iterable[dict[str, Any]], excluded: dict[str, str], ptxla: str, timeout: float
+) -> str:
+    results = sorted(results, key=lambda r: (r["kind"] != "test", r["path"]))
+    tests = [r for r in results if r["kind"] == "test"]
+    examples = [r for r in results if r["kind"] == "example"]
+    total: Counter[str] = Counter()
+    causes: dict[str, list[str]] = defaultdict(list)
+    device_only: list[tuple[str, str]] = []
+    missing: dict[str, set[str]] = defaultdict(set)
+    import_errors: dict[str, list[str]] = defaultdict(list)
+    for r in tests:
+        c = _counts(r)
+        total.update(c)
+        total["files"] += 1
+        if _status(r) == "import error":
+            total["files_import_error"] += 1
+        for case in r.get("cases", []):
+            if case["outcome"] not in ("failed", "error"):
+                continue
+            if case["phase"] == "collect":
+                m = _MISSING.search(case["message"]) or _MISSING.search(case.get("detail", ""))
+                if m:
+                    missing[m.group(1)].add(r["path"])
+                import_errors[normalise(case["message"])].append(r["path"])
+                continue
+            if device_type_only(case):
+                device_only.append((case["id"], case["message"].strip().splitlines()[0][:160]))
+                total["device_only"] += 1
+                continue
+            causes[normalise(case["message"])].append(case["id"])
+    commit = _git_commit(ptxla)
+    used = Counter(r.get("timeout", timeout) for r in tests)
+    if used:  # results may come from runs with different timeouts: name the usual one
+        timeout = used.most_common(1)[0][0]
+    other = sorted(
+        f"{os.path.basename(r['path'])} {r['timeout']:.0f} s"
+        for r in results
+        if r["kind"] == "test" and r.get("timeout", timeout) != timeout
+    )
+    timeouts = f"per-file timeout {timeout:.0f} s" + (f" ({', '.join(other)})" if other else "")
+    ex_timeouts = sorted({r.get("timeout", timeout) for r in results if r["kind"] == "example"})
+    if ex_timeouts:
+        timeouts += ", examples " + "/".join(f"{t:.0f}" for t in ex_timeouts) + " s"
+    limits = {r.get("memory_limit", 0) for r in results} - {0}
+    if limits:
+        timeouts += "; killed past " + "/".join(f"{m / 2**30:.0f}" for m in limits) + " GB resident"
+    ran = total["passed"] + total["failed"] + total["error"]
+    out = [
+        "# torch_xla conformance: pytorch/xla's own tests and examples on lazyxla",
+        "",
+        "Generated by `python -m lazyxla.tools.upstream PYTORCH_XLA_CHECKOUT` "
+        f"(pytorch/xla at `{commit}`; {timeouts}; "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}). Do not edit by hand: re-run the tool. Each "
+        "test file runs under pytest in its own process, with the torch_xla alias and the "
+        "environment pytorch/xla's `test/run_tests.sh` gives it; `if __name__ == '__main__'` "
+        "blocks do not run under pytest (a few files set the matmul precision or a seed there).",
+        "",
+        "## Totals",
+        "",
+        f"- Test files run: {total['files']} ({total['files_import_error']} stop at import); "
+        f"{len([e for e in excluded if e.startswith('test/')])} excluded as TPU/GPU/Neuron-only.",
+        f"- Test cases: {total['passed']} passed, {total['failed'] + total['error']} failed "
+        f"({total['device_only']} of them only because the device type is `jax`), "
+        f"{total['skipped']} skipped, {total['xfail']} expected failures."
+        + (
+            f" Pass rate of the cases that ran: {100 * total['passed'] / ran:.1f} %." if ran else ""
+        ),
+        f"- Examples: {sum(_status(r).startswith('ok') for r in examples)} of {len(examples)} run "
+        f"to the end ({sum(_status(r) == 'ok, loss falling' for r in examples)} with a falling "
+        "loss); examples time out after the example timeout.",
+        "",
+    ]
+    if missing:
+        out += [
+            "## torch_xla modules that stop files at import",
+            "",
+            "| module | files |",
+            "|---|---|",
+        ]
+        for mod, files in sorted(missing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            names = ", ".join(sorted(os.path.basename(f) for f in files))
+            out.append(f"| `{mod}` | {len(files)}: {names} |")
+        out.append("")
+    out += [
+        "## Test files",
+        "",
+        "| file | status | collected | passed | failed | skipped | import errors | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in tests:
+        c = _counts(r)
+        collected = c["passed"] + c["failed"] + c["error"] + c["skipped"] + c["xfail"] + c["xpass"]
+        out.append(
+            f"| {r['path']} | {_status(r)} | {r.get('collected', collected)} | {c['passed']} | "
+            f"{c['failed'] + c['error']} | {c['skipped']} | {c['import_error']} | {r['seconds']} |"
+        )
+    out += ["", "## Examples", "", "| example | status | flags | losses (first … last) | s |"]
+    out.append("|---|---|---|---|---|")
+    for r in examples:
+        ls = r.get("losses", [])
+        trend = " … ".join(f"{v:.4g}" for v in ls) if ls else ""
+        if _status(r) == "failed" and r.get("errors"):
+            trend = (trend + " " if trend else "") + f"`{r['errors'][-1][:120]}`"
+        flags = " ".join(r.get("args", []))
+        out.append(f"| {r['path']} | {_status(r)} | {flags} | {trend} | {r['seconds']} |")
+    out += ["", "## Failures by cause", "", "Each cause: the exception's first line, normalised "]
+    out[-1] += "(numbers → N); the count of cases, and up to five of them."
+    out.append("")
+    for cause, ids in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(f"`{i}`" for i in ids[:5]) + (" …" if len(ids) > 5 else "")
+        out.append(f"- **{len(ids)}** `{cause}`: {shown}")
+    if import_errors:
+        out += ["", "## Import errors by cause", ""]
+        for cause, files in sorted(import_errors.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            out.append(f"- **{len(files)}** `{cause}`: {', '.join(sorted(set(files)))}")
+    out += [
+        "",
+        "## Failures only because the device type is `jax`",
+        "",
+        "torch_xla's device type is `xla`; lazyxla's is `jax` (see DESIGN: PyTorch owns the `xla` "
+        "type). These cases compare a device or its type with `'xla'`:",
+        "",
+    ]
+    out += [f"- `{i}`: `{m}`" for i, m in device_only] or ["- none"]
+    out += ["", "## Not run (need a TPU, GPU or Neuron device, or not a program)", ""]
+    out += [f"- {p}: {why}" for p, why in sorted(excluded.items())]
+    return "\n".join(out) + "\n"
+
+
+def _git_commit(ptxla: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", ptxla, "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+
+
+def load_results(results_dir: str, paths: Iterable[str]) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        f = os.path.join(results_dir, _key(p) + ".json")
+        if os.path.exists(f):
+            with open(f) as fh:
+                r = json.load(fh)
+            if not r.get("collect_only"):
+                out.append(r)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lazyxla.tools.upstream", description=__doc__)
+    parser.add_argument("ptxla", help="a pytorch/xla checkout (its test/ and examples/)")
+    parser.add_argument("--files", nargs="*", help="globs (relative to the checkout) to run")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test file")
+    parser.add_argument("--example-timeout", type=float, default=300.0, help="seconds per example")
+    parser.add_argument("--jobs", type=int, default=2, help=f"files at a time (≤ {MAX_JOBS})")
+    parser.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=6.0,
+        help="kill a program whose processes hold more resident memory than this (0: no limit)",
+    )
+    parser.add_argument("--results-dir", default=DEFAULT_RESULTS, help="per-file results")
+    parser.add_argument("--out", default=DEFAULT_DOC, help="the report to write")
+    parser.add_argument("--no-examples", action="store_true", help="test files only")
+    parser.add_argument("--collect-only", action="store_true", help="import and collect only")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report, run none")
+    parser.add_argument("--list", action="store_true", help="list what would run, with its env")
+    ns = parser.parse_args(argv)
+    ptxla = os.path.abspath(ns.ptxla)
+    if not os.path.isfile(os.path.join(ptxla, "test", "run_tests.sh")):
+        parser.error(f"{ptxla} is not a pytorch/xla checkout (no test/run_tests.sh)")
+    items, excluded = discover(ptxla)
+    selected = items
+    if ns.files:
+        selected = [
+            it for it in items if any(fnmatch.fnmatch(it.path, g.rstrip("/")) for g in ns.files)
+        ]
+        if not selected:
+            parser.error(f"--files {ns.files} matches none of the {len(items)} runnable files")
+    if ns.no_examples:
+        selected = [it for it in selected if it.kind == "test"]
+    if ns.list:
+        for it in selected:
+            env = " ".join(f"{k}={v}" for k, v in sorted(it.env.items()))
+            print(f"{it.kind:8s} {it.path}  {env} {' '.join(it.args)}")
+        return 0
+    if not ns.report_only:
+        run(
+            selected,
+            ptxla,
+            ns.results_dir,
+            ns.timeout,
+            ns.jobs,
+            ns.collect_only,
+            ns.example_timeout,
+            ns.memory_limit_gb * 2**30,
+        )
+    if ns.collect_only:
+        return 0
+    results = load_results(ns.results_dir, [it.path for it in items])
+    text = report(results, excluded, ptxla, ns.timeout)
+    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+    with open(ns.out, "w") as f:
+        f.write(text)
+    print(f"wrote {ns.out} ({len(results)} of {len(items)} files have results)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The `_XLAC` entry points tests and debug tools use, the metrics torch_xla reports
+(ExecuteTime measured to completion, TensorToData, eager-mode names), PT_XLA_DEBUG_FILE, the
+'xla' device spelling, and CPU_NUM_DEVICES / PJRT_DEVICE read at first device use."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import lazyxla
+import lazyxla.compat
+import lazyxla.debug.metrics as met
+
+dev = lazyxla.device()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def alias():
+    lazyxla.compat.install()
+    yield
+    lazyxla.compat.uninstall()
+
+
+def test_tensor_debug_info_before_and_after_sync():
+    import torch_xla
+
+    X = torch_xla._XLAC
+    assert "Not a XLATensor" in X._get_xla_tensor_debug_info(torch.randn(5))
+    t2 = torch.randn(5).to(dev) + 5
+    info = X._get_xla_tensor_debug_info(t2)
+    assert "XLA Shape: f32[5]" in info and "aten::add" in info and "XLAData: None" in info
+    torch_xla.sync()
+    info = X._get_xla_tensor_debug_info(t2)
+    assert "XLAData: None" not in info and "Data Shape: f32[5]" in info and "IR: None" in info
+
+
+def test_device_data_nodes_and_tensor_ids():
+    import torch_xla
+
+    X = torch_xla._XLAC
+    a, b = torch.randn(3).to(dev), torch.randn(3).to(dev)
+    out = a * b + a
+    ids, tensors = X._get_tensors_xla_device_data_node([out])
+    assert sorted(ids) == sorted([X._xla_get_tensor_id(a), X._xla_get_tensor_id(b)])
+    by_id = dict(zip(ids, tensors))
+    torch.testing.assert_close(by_id[X._xla_get_tensor_id(a)].cpu(), a.cpu())
+    assert X._check_tensor_need_materialization([out, a]) == [True, False]
+
+
+def test_buffer_donation_flag_is_honoured():
+    import torch_xla
+
+    X = torch_xla._XLAC
+    w = torch.zeros(4, device=dev) + 1
+    assert X._set_buffer_donation(w, True) is False  # pending: no buffer yet
+    torch_xla.sync()
+    assert X._set_buffer_donation(w, True) is True and X._get_buffer_donation(w)
+    met.clear_all()
+    v = w * 2  # w stays alive, but its buffer was donated: XLA may reuse it for v
+    torch_xla.sync()
+    assert met.metric_data("InputOutputAliasCount").accumulator == 1
+    torch.testing.assert_close(v.cpu(), torch.full((4,), 2.0))
+    assert X._set_buffer_donation(v, False) and not X._get_buffer_donation(v)
+
+
+def test_dot_general_matches_einsum():
+    import torch_xla
+
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    out = torch_xla._XLAC._xla_dot_general(a.to(dev), b.to(dev), (([2], [1]), ([0], [0])))
+    torch.testing.assert_close(out.cpu(), torch.bmm(a, b), rtol=1e-5, atol=1e-5)
+    x, w = (
+        torch.randint(-5, 5, (3, 4), dtype=torch.int8),
+        torch.randint(-5, 5, (4, 2)).to(torch.int8),
+    )
+    out = torch_xla._XLAC._xla_dot_general(
+        x.to(dev), w.to(dev), (([1], [0]), ()), preferred_element_type=torch.int32
+    )
+    assert out.dtype == torch.int32
+    torch.testing.assert_close(out.cpu(), (x.int() @ w.int()))
+
+
+def test_warm_up_cache_compiles_without_running():
+    import torch_xla
+
+    met.clear_all()
+    x = torch.randn(4, device=dev) * 3
+    torch_xla._XLAC._xla_warm_up_cache([x], [])
+    assert met.counter_value("UncachedCompile") == 1 and met.metric_data("ExecuteTime") is None
+    x.cpu()
+    assert met.counter_value("CachedCompile") == 1
+
+
+def test_execute_time_covers_the_execution_and_tensor_to_data_is_counted():
+    met.clear_all()
+    a = torch.randn(600, 600).to(dev)
+    assert met.metric_data("TensorToData").total_samples == 1
+    b = a
+    for _ in range(8):
+        b = b @ a / 600
+    lazyxla.sync()
+    b.cpu()
+    assert met.metric_data("ExecuteTime").total_samples == 1
+    # The sample is the time to the results (block_until_ready), recorded off the main thread:
+    # at least the time the timer thread waited on the outputs.
+    assert "lazyxla-execute-timer" in [t.name for t in threading.enumerate()]
+
+
+def test_device_data_cache_shares_scalar_uploads():
+    import torch_xla
+
+    met.clear_all()
+    a = torch.tensor(2077.125, device=dev)  # a value no other test uploads (the cache persists)
+    b = torch.tensor(2077.125, device=dev)
+    assert met.counter_value("DeviceDataCacheMiss") == 1
+    neg, pos = torch.tensor(-0.0, device=dev), torch.tensor(0.0, device=dev)
+    assert torch.signbit(neg.cpu()) and not torch.signbit(pos.cpu())  # keyed by bits
+    b.add_(1)  # lazy values: sharing the upload never lets one tensor change another
+    assert a.item() == 2077.125 and b.item() == 2078.125
+    assert torch_xla._XLAC._set_buffer_donation(a, True) is False  # shared: never donated
+
+
+def test_set_ir_debug_records_source_lines():
+    import torch_xla
+
+    X = torch_xla._XLAC
+    saved = X._get_ir_debug()
+    try:
+        X._set_ir_debug(True)
+        assert X._get_ir_debug()
+        t = torch.randn(3, device=dev) * 2
+        assert "test_xlac_metrics.py" in torch_xla._XLAC._get_xla_tensors_text([t])
+    finally:
+        X._set_ir_debug(saved)
+
+
+def test_markstep_is_counted_when_the_step_raises():
+    met.clear_all()
+    with pytest.raises(RuntimeError):
+        with lazyxla.compile(full_graph=True):
+            (torch.ones(2, device=dev) + 1).item()
+    assert met.counter_value("MarkStep") == 2  # entry and exit, as torch_xla's finally
+    met.clear_all()
+    with pytest.raises(RuntimeError, match="Expected error"):
+        with lazyxla.step():
+            torch.ones((3, 3), device=dev)
+            raise RuntimeError("Expected error")
+    assert met.counter_value("MarkStep") == 2
+
+
+def test_xla_device_spelling():
+    x = torch.rand(3, device="xla")
+    assert x.device == dev
+    y = torch.ones(2, 2).to("xla:0")
+    z = torch.tensor([1.0, 2.0], device=torch.device("xla"))
+    m = torch.nn.Linear(2, 2).to("xla")
+    assert y.device == z.device == m.weight.device == dev
+    torch.testing.assert_close(torch.arange(4, device="xla").cpu(), torch.arange(4))
+    torch.testing.assert_close(torch.full((2,), 3.0, device="xla").cpu(), torch.full((2,), 3.0))
+    out = m(y).sum()
+    out.backward()
+    assert m.weight.grad.device == dev
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("CPU_NUM_DEVICES", "PJRT_DEVICE")}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+    )
+
+
+def test_debug_file_and_lazy_device_env(tmp_path):
+    log = tmp_path / "debug.txt"
+    proc = _run(
+        """
+        import os, torch, lazyxla.compat
+        lazyxla.compat.install()
+        import torch_xla, torch_xla.runtime as xr
+        os.environ["CPU_NUM_DEVICES"] = "4"   # after the import, before the first device use
+        os.environ["PJRT_DEVICE"] = "CPU"
+        print(xr.global_runtime_device_count())
+        (torch.ones(2, device=torch_xla.device()) + 1).cpu()
+        """,
+        PT_XLA_DEBUG_LEVEL="1",
+        PT_XLA_DEBUG_FILE=str(log),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "4"
+    assert "Compilation Analysis" in log.read_text()
+    assert "Compilation Analysis" not in proc.stderr

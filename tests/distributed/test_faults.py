@@ -1,0 +1,100 @@
+"""Failures end the whole run with an error naming the process, never a hang; a bad start
+(port in use, wrong process count, no coordinator) says so at once."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from mp_util import HERE, free_port, run_launch, start
+
+
+def test_a_rank_that_raises_fails_the_launch_with_its_exception_and_rank():
+    t0 = time.monotonic()
+    proc = run_launch("progs_faults.py", 2, ["raise"], expect_rc=1)
+    assert "StepError: bad batch on rank 1" in proc.stderr
+    assert "Raised in process 1 of 2; the other processes were stopped" in proc.stderr
+    assert time.monotonic() - t0 < 120
+
+
+def test_a_rank_that_dies_ends_the_run_naming_it():
+    proc = run_launch("progs_faults.py", 2, ["exit"], expect_rc=1)
+    assert "ProcessExitedError: process 1 of 2 ended with exit code 3" in proc.stderr
+
+
+def _start(rank: int, n: int, port: int, torchrun: bool = False):
+    return start("progs_join.py", rank, n, port, torchrun=torchrun)
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_processes_started_by_hand_join_through_the_environment(torchrun):
+    port = free_port()
+    procs = [_start(r, 2, port, torchrun) for r in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "sum [5.0, 5.0, 5.0] world 2" in out
+        assert "gloo [0, 1]" in out
+
+
+def test_a_missing_process_is_a_clear_error_at_start():
+    port = free_port()
+    procs = [_start(r, 3, port) for r in range(2)]  # a job of 3; the third never starts
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode != 0
+        assert "could not join the coordinator" in err, err[-3000:]
+        assert "do all 3 processes agree on the process count" in err
+
+
+def test_a_coordinator_port_in_use_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = _start(0, 2, port)
+        _, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert f"cannot host the coordinator at localhost:{port}" in err, err[-3000:]
+
+
+def test_an_inconsistent_environment_is_a_clear_error():
+    p = _start(5, 2, free_port())
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "LAZYXLA_NUM_PROCESSES=2 but this process's id is 5" in err, err[-3000:]
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["CPU_NUM_DEVICES"] = "2"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lazyxla",
+            "run",
+            str(HERE / "progs_faults.py"),
+            "wait",
+            str(tmp_path),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    pids = []
+    deadline = time.monotonic() + 180
+    while len(pids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid*") if p.read_text()]
+    assert len(pids) == 2, parent.stderr.read().decode()[-3000:] if parent.poll() else "no pids"
+    parent.send_signal(signal.SIGINT)
+    parent.communicate(timeout=60)
+    assert parent.returncode == 130  # `lazyxla run`'s status for KeyboardInterrupt
+    time.sleep(1)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

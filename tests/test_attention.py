@@ -1,0 +1,262 @@
+"""Memory-efficient attention: F.scaled_dot_product_attention and torch_xla's flash_attention on
+lazyxla, against eager (float64 references), with XLA's memory analysis of the compiled graphs.
+See Note [Blockwise attention]."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyxla
+import lazyxla.debug.metrics as met
+from lazyxla._src import attention, sharding
+from lazyxla.experimental.custom_kernel import flash_attention
+
+dev = lazyxla.device()
+# float32 against a float64 reference: a few ulps of the largest value, accumulated over Sk.
+TOL = dict(rtol=1e-5, atol=2e-5)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 16 keys, so small sequences take several blocks (and a padded last one)."""
+    monkeypatch.setattr(attention, "BLOCK_K", 16)
+
+
+def _lazy(ts):
+    return [t.detach().to(dev).requires_grad_(t.requires_grad) for t in ts]
+
+
+def _sdpa_case(q, k, v, mask=None, **kw):
+    """sdpa on lazyxla vs float64 eager: output and gradients of q, k, v (and a float mask)."""
+    ins = [t for t in (q, k, v, mask) if t is not None]
+    want = [i for i, t in enumerate(ins) if t.dtype != torch.bool]
+    leaves = [t.detach().double().requires_grad_() if t.dtype != torch.bool else t for t in ins]
+    ref = F.scaled_dot_product_attention(*leaves[:3], attn_mask=(leaves + [None])[3], **kw)
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, [leaves[i] for i in want], g)
+    lz = _lazy(ins)
+    for i in want:
+        lz[i].requires_grad_()
+    out = F.scaled_dot_product_attention(*lz[:3], attn_mask=(lz + [None])[3], **kw)
+    grads = torch.autograd.grad(out, [lz[i] for i in want], g.float().to(dev))
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
+    for got, exp in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+
+
+CASES = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "scale": dict(scale=0.3),
+    "bool_mask": dict(mask="bool"),
+    "float_mask_grad": dict(mask="float"),
+    "gqa_causal": dict(hk=2, enable_gqa=True, is_causal=True),
+    "cross_lengths": dict(sq=19, sk=45),
+    "fully_masked_rows": dict(mask="rows"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sdpa_matches_eager(name, small_blocks):
+    torch.manual_seed(0)
+    c = dict(CASES[name])
+    sq, sk, hk = c.pop("sq", 37), c.pop("sk", 37), c.pop("hk", 4)
+    q = torch.randn(2, 4, sq, 8)
+    k, v = torch.randn(2, hk, sk, 8), torch.randn(2, hk, sk, 8)
+    mask = c.pop("mask", None)
+    if mask == "bool":
+        mask = torch.rand(sq, sk) > 0.4
+    elif mask == "float":
+        mask = torch.randn(2, 1, sq, sk)
+    elif mask == "rows":
+        mask = torch.rand(2, 1, sq, sk) > 0.5
+        mask[:, :, 3] = False  # eager's math path gives 0 for a row with nothing to attend to
+    for t in (q, k, v):
+        t.requires_grad_()
+    met.clear_all()
+    _sdpa_case(q, k, v, mask, **c)
+    assert met.counter_value("xla::flash_attention_fwd") == 1
+    assert met.counter_value("xla::flash_attention_bwd") == 1
+    assert not met.counter_value("xla::_softmax")
+
+
+def test_sdpa_3d_and_one_block():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(3, 20, 16, requires_grad=True) for _ in range(3))
+    _sdpa_case(q, k, v)
+
+
+def test_sdpa_bf16_close_to_eager():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.bfloat16) for _ in range(3))
+    out = F.scaled_dot_product_attention(*_lazy([q, k, v]), is_causal=True)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert out.dtype == torch.bfloat16
+    # one bf16 rounding of the output (eager's own bf16 kernel is no closer)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_sdpa_compiles_once_for_new_values():
+    met.clear_all()
+    for _ in range(2):
+        q = torch.randn(1, 2, 24, 8, device=dev)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        lazyxla.sync()
+    assert met.counter_value("UncachedCompile") == 1
+    assert met.counter_value("CachedCompile") == 1
+    assert out.shape == (1, 2, 24, 8)
+
+
+def test_sdpa_dropout_keeps_the_math_path():
+    q = torch.randn(1, 2, 8, 4, device=dev)
+    met.clear_all()
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert not met.counter_value("xla::flash_attention_fwd")
+    assert torch.isfinite(out.cpu()).all()
+
+
+def test_sdpa_errors_are_eagers():
+    q = torch.randn(1, 2, 8, 4, device=dev)
+    m = torch.ones(8, 8, dtype=torch.bool, device=dev)
+    with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=m, is_causal=True)
+
+
+def _temp_bytes(fn, s):
+    """Compiled temp bytes of a training step's attention (forward + backward) at sequence s."""
+    q = torch.randn(1, 2, s, 32, device=dev, requires_grad=True)
+    lazyxla.sync()
+    fn(q, q, q).sum().backward()
+    m = lazyxla.debug.memory_analysis([q.grad])
+    lazyxla.sync()
+    return m.temp_bytes
+
+
+def _naive(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1) @ v
+
+
+def test_flash_temp_memory_linear_naive_quadratic(monkeypatch):
+    """XLA's memory analysis (deterministic for a given XLA): doubling the sequence doubles
+    flash attention's temp bytes and quadruples naive attention's. Blocks of 64 keys keep the
+    sizes small here; bench/large_models.py has the table at 512..4096 with the default block."""
+    monkeypatch.setattr(attention, "BLOCK_K", 64)
+    flash = [_temp_bytes(F.scaled_dot_product_attention, s) for s in (256, 512, 1024)]
+    naive = [_temp_bytes(_naive, s) for s in (256, 512, 1024)]
+    for a, b in zip(flash, flash[1:]):
+        assert 1.6 < b / a < 2.4, flash
+    for a, b in zip(naive, naive[1:]):
+        assert b / a > 3.2, naive
+    assert flash[-1] * 4 < naive[-1]
+
+
+# --- torch_xla's flash_attention ------------------------------------------------------------------
+
+
+def _ref(q, k, v, causal=False, qs=None, kvs=None, sm=1.0, ab=None):
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-2, -1)) * sm
+    if ab is not None:
+        s = s + ab.double()
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    if qs is not None:
+        s = s.masked_fill(qs[:, None, :, None] != kvs[:, None, None, :], -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+FA_CASES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "sm_scale": dict(sm=0.25),
+    "ab": dict(ab=True),
+    "segment_ids": dict(seg=True),
+    "gqa_causal_segments": dict(hk=1, causal=True, seg=True),
+}
+
+
+@pytest.mark.parametrize("name", list(FA_CASES))
+def test_flash_attention_matches_reference(name, small_blocks):
+    torch.manual_seed(3)
+    c = FA_CASES[name]
+    s = 40
+    q = torch.randn(2, 2, s, 8, requires_grad=True)
+    k, v = (torch.randn(2, c.get("hk", 2), s, 8, requires_grad=True) for _ in range(2))
+    ab = torch.randn(2, 2, s, s, requires_grad=True) if c.get("ab") else None
+    seg = torch.tensor([[0] * 15 + [1] * 25, [0] * 40]) if c.get("seg") else None
+    causal, sm = c.get("causal", False), c.get("sm", 1.0)
+    ref = _ref(q, k, v, causal, seg, seg, sm, ab)
+    ins = [q, k, v] + ([ab] if ab is not None else [])
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, ins, g)
+    lz = _lazy(ins)
+    lseg = None if seg is None else seg.to(dev)
+    out = flash_attention(
+        lz[0], lz[1], lz[2], causal, lseg, lseg, sm, ab=lz[3] if ab is not None else None
+    )
+    grads = torch.autograd.grad(out, lz, g.float().to(dev))
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
+    for got, exp in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+
+
+def test_flash_attention_on_cpu_tensors_is_the_reference():
+    q, k, v = (torch.randn(1, 2, 12, 4) for _ in range(3))
+    torch.testing.assert_close(
+        flash_attention(q, k, v, True).double(), _ref(q, k, v, True), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_flash_attention_clear_errors(monkeypatch):
+    monkeypatch.setattr(sharding, "_global_mesh", None)  # an earlier test may have set one
+    q = torch.randn(1, 2, 8, 4, device=dev)
+    with pytest.raises(ValueError, match=r"q must be \[batch, heads, seq, head_dim\]"):
+        flash_attention(q[0], q, q)
+    with pytest.raises(ValueError, match="both q_segment_ids and kv_segment_ids"):
+        flash_attention(q, q, q, False, torch.zeros(1, 8, device=dev))
+    with pytest.raises(ValueError, match="kv heads must divide q heads"):
+        flash_attention(q, torch.randn(1, 3, 8, 4, device=dev), q)
+    with pytest.raises(ValueError, match="needs a mesh"):
+        flash_attention(q, q, q, partition_spec=(0, None, None, None))
+
+
+@pytest.fixture
+def spmd():
+    sharding.use_spmd()
+    yield
+    sharding._leave_spmd_for_tests()
+
+
+def test_flash_attention_partition_spec_runs_per_shard(spmd):
+    import lazyxla.distributed.spmd as xs
+
+    mesh = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+    spec = ("data", "model", None, None)
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(4, 4, 32, 8, requires_grad=True) for _ in range(3))
+    ref = _ref(q, k, v, True, sm=0.5)
+    ref_grads = torch.autograd.grad(ref.sum(), [q, k, v])
+    lz = _lazy([q, k, v])
+    for t in lz:
+        xs.mark_sharding(t, mesh, spec)
+    out = flash_attention(*lz, causal=True, sm_scale=0.5, partition_spec=spec, mesh=mesh)
+    assert "sdy.manual_computation" in lazyxla.debug.stablehlo_text([out])
+    grads = torch.autograd.grad(out.sum(), lz)
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
+    for got, exp in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+
+
+def test_sdpa_under_torch_compile():
+    f = torch.compile(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), backend="lazyxla"
+    )
+    a = torch.randn(2, 2, 40, 8)
+    out = f(*_lazy([a, a, a]))
+    ref = F.scaled_dot_product_attention(a.double(), a.double(), a.double(), is_causal=True)
+    torch.testing.assert_close(out.cpu().double(), ref, **TOL)

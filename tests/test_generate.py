@@ -1,0 +1,150 @@
+"""Text generation: a decode loop compiles a bounded number of graphs and equals eager.
+
+`model.generate()` reads a value each token (the stop check) while the KV cache is written in
+place and the generated sequence grows by `cat`. A value read runs every pending tensor (Note
+[What a value read syncs], graph.py), and a slice of a pending `cat` reads only its piece (Note
+[Reading the tail of a cat], dispatch.py), so with a static cache every token runs the same graph.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import transformers
+
+import lazyxla
+from lazyxla.debug import metrics
+
+transformers.logging.set_verbosity_error()
+DEV = lazyxla.device()
+VOCAB = 96
+
+
+def _uncached() -> int:
+    return metrics.counter_value("UncachedCompile") or 0
+
+
+def _llama() -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def _gpt2() -> torch.nn.Module:
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def _generate(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            **kw,
+        )
+    return out.cpu()
+
+
+def test_static_cache_decode_compiles_three_graphs_for_any_length():
+    torch.manual_seed(0)
+    model = _llama()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    static = {"cache_implementation": "static"}
+    ref5, ref11 = _generate(model, ids, 5, **static), _generate(model, ids, 11, **static)
+    model.to(DEV)
+    ids_d = ids.to(DEV)
+    c0 = _uncached()
+    out5 = _generate(model, ids_d, 5, **static)
+    first = _uncached() - c0
+    c1 = _uncached()
+    out11 = _generate(model, ids_d, 11, **static)
+    # The first call compiles generate's setup reads (4 tiny graphs, once per process), the
+    # prefill, one decode graph for every token, the last token (its max-length criterion bakes
+    # `True` into the graph) and the returned sequence (a cat of the new tokens). Another length
+    # reuses them all but the last.
+    assert first <= 4 + 3 + 1
+    assert _uncached() - c1 <= 1
+    c2 = _uncached()
+    again = _generate(model, ids_d, 11, **static)
+    assert _uncached() == c2
+    assert torch.equal(out5, ref5)
+    assert torch.equal(out11, ref11)
+    assert torch.equal(again, ref11)
+
+
+def test_dynamic_cache_generate_equals_eager_with_one_graph_per_length():
+    torch.manual_seed(0)
+    model = _gpt2()
+    ids = torch.randint(0, VOCAB, (1, 5))
+    ref = _generate(model, ids, 6)
+    model.to(DEV)
+    c0 = _uncached()
+    out = _generate(model, ids.to(DEV), 6)
+    # The cache grows by a token each step: one graph per length, none that grows with the loop.
+    assert _uncached() - c0 <= 6 + 4
+    assert torch.equal(out, ref)
+    c1 = _uncached()
+    assert torch.equal(_generate(model, ids.to(DEV), 6), ref)
+    assert _uncached() == c1
+
+
+def test_read_in_a_loop_cuts_the_pending_state_each_iteration():
+    """A buffer written in place and a sequence grown by cat, one value read per iteration: the
+    loop runs one graph per iteration, equal to eager, and the same graph every iteration."""
+
+    def loop(dev: str, n: int) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        cache = torch.zeros(8, device=dev)
+        seq = torch.arange(3, device=dev).view(1, 3).float()
+        x = torch.ones(8, device=dev)
+        reads = []
+        for _ in range(n):
+            last = seq[:, -1:]  # a slice of the growing cat reads only its last piece
+            x = torch.tanh(x * 0.5 + last.squeeze(0))
+            cache.mul_(0.9).add_(x)
+            seq = torch.cat([seq, x[:1].view(1, 1) + seq[:, -1:]], dim=1)
+            reads.append(float(x.sum()))  # the value read cuts cache, x and seq's new piece
+        return cache.cpu(), seq.cpu(), reads
+
+    ref = loop("cpu", 7)
+    loop(DEV, 3)  # the first iterations compile
+    c0 = _uncached()
+    cache, seq, reads = loop(DEV, 7)
+    assert _uncached() - c0 <= 1  # the final read of `seq`: a cat chain of this length
+    torch.testing.assert_close(cache, ref[0])
+    torch.testing.assert_close(seq, ref[1])
+    assert reads == pytest.approx(ref[2], rel=1e-6)
+
+
+def test_read_sync_all_can_be_turned_off():
+    from lazyxla._src.config import FLAGS
+
+    FLAGS.set("read_syncs_all", False)
+    try:
+        a = torch.ones(3, device=DEV) * 2
+        b = a + 1
+        assert b.sum().item() == 9.0
+        from lazyxla._src.tensor import state
+
+        assert state(a).is_pending  # torch_xla's policy: only what the read needs ran
+    finally:
+        FLAGS.set("read_syncs_all", True)
+    c = torch.ones(3, device=DEV) * 2
+    d = c + 1
+    assert d.sum().item() == 9.0
+    from lazyxla._src.tensor import state
+
+    assert not state(c).is_pending

@@ -1,0 +1,85 @@
+"""Recording plans (Note [Recording plans], dispatch.py): a call that hits a plan made by an
+earlier call of another signature must still record what the slow path would. Each case runs
+the same ops, in an order that alternates signatures, on lazyxla and in eager, and compares
+values and dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lazyxla
+
+DEV = lazyxla.device()
+
+
+def _ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    i = (x * 10).to(torch.int32)
+    b = x.to(torch.bfloat16)
+    return [
+        x * 2.5,
+        x * 1.0,
+        x * 1,
+        x * True,
+        x * -0.0,
+        x + 0.0,
+        x / -0.0,
+        x * math.nan,
+        x * math.inf,
+        x.add(w, alpha=2),
+        x.add(w, alpha=1),
+        x.add(w, alpha=0.5),
+        i * 2.5,
+        i * 2,
+        i * torch.tensor(2.5, dtype=torch.float64),
+        i * torch.tensor(2, dtype=torch.int64),
+        x * torch.tensor(3.0, dtype=torch.float64),
+        x[0] * torch.tensor(3.0, dtype=torch.float64),  # 0-d against 0-d: float64
+        x[0] * 3.0,
+        b * 0.3,  # bf16 mul reads its scalar at float32 (Note [Scalar precision])
+        b + 0.3,
+        x.t() * 0.7,  # a transposed input keeps its layout
+        x.t().contiguous() * 0.7,
+        w * 0.7 + x.t(),
+        torch.sub(0.25, x) if False else 0.25 - x,
+        torch.clamp(x, -0.5, 0.5),
+        torch.clamp(x, -0.25, 0.75),
+        x.sum(0, keepdim=True),
+        x.sum(1),
+    ]
+
+
+@pytest.mark.parametrize("rounds", [2])
+def test_alternating_signatures_record_like_eager(rounds):
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    ref = _ops(x, w)
+    xd, wd = x.to(DEV), w.to(DEV)
+    for _ in range(rounds):
+        out = _ops(xd, wd)
+        lazyxla.sync()
+        for r, o in zip(ref, out, strict=True):
+            assert o.dtype == r.dtype and o.shape == r.shape and o.stride() == r.stride()
+            o = o.cpu()
+            torch.testing.assert_close(o, r, equal_nan=True, rtol=1e-6, atol=1e-6)
+            assert torch.equal(torch.signbit(o), torch.signbit(r))  # -0.0 is not 0.0
+
+
+def test_plans_do_not_add_compiles():
+    from lazyxla.debug import metrics
+
+    x = torch.randn(8, 8).to(DEV)
+    lazyxla.sync()
+
+    def chain(v: float) -> torch.Tensor:
+        y = x
+        for _ in range(10):
+            y = y * v + 0.5
+        return y
+
+    chain(1.5).cpu()
+    c0 = metrics.counter_value("UncachedCompile")
+    torch.testing.assert_close(chain(0.25).cpu(), chain(0.25).cpu())
+    assert metrics.counter_value("UncachedCompile") == c0
