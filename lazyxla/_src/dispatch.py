@@ -798,27 +798,24 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         t0 = time.perf_counter_ns()
         counters[counter] = counters.get(counter, 0) + 1
         key = None
+        vals: Any = None
         if planned and not FLAGS.ir_debug:
             items: list[Any] = []
             states: list[Any] = []
-            if not kwargs and len(args) == nargs:  # See Note [Recording plans]
-                key = _plan_key(kinds, args, items, states)
-                if key is not None:
-                    plan = plans.get(key)
-                    if plan is not None:
-                        out = plan.run(args, items, states)
-                        _trace(t0)
-                        return out
-            else:
-                vals = bind(specs, args, kwargs)
-                key = _plan_key(kinds, vals, items, states)
-                if key is not None:
-                    plan = plans.get(key)
-                    if plan is not None:
-                        out = plan.run(vals, items, states)
-                        _trace(t0)
-                        return out
-        vals = bind(specs, args, kwargs)
+            # See Note [Recording plans]; a call with every argument positional needs no bind
+            full = not kwargs and len(args) == nargs
+            vals = args if full else bind(specs, args, kwargs)
+            key = _plan_key(kinds, vals, items, states)
+            if key is not None:
+                plan = plans.get(key)
+                if plan is not None:
+                    out = plan.run(vals, items, states)
+                    _trace(t0)
+                    return out
+            if full:
+                vals = None
+        if vals is None:
+            vals = bind(specs, args, kwargs)
         for i in device_args:
             check_device(vals[i])
         try:
