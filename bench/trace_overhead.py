@@ -6,7 +6,8 @@ flatters the ratio) and the cheap one of issue 14, `y * 1.0001 + 0.5` (tensor-sc
 eager's own cost is smallest). On lazyxla the timed region only records the ops into the IR (no
 sync; the sync that follows each repetition is not timed). Eager runs the same chain on the CPU.
 The cheap chain is timed in interleaved rounds (lazy, eager, lazy, ...) and reports the minimum
-of each, the figure least disturbed by a shared machine's load.
+of each, the figure least disturbed by a shared machine's load; so are view ops (transpose,
+select, view, slice of a (128, 128) tensor), whose eager cost is only the new tensor's metadata.
 """
 
 from __future__ import annotations
@@ -86,6 +87,31 @@ def cheap_chain_us(x_cpu: torch.Tensor, x_dev: torch.Tensor, rounds: int = 15) -
     return min(lazy) / N_OPS * 1e6, min(eager) / N_OPS * 1e6
 
 
+def view_ops(x: torch.Tensor, n_ops: int = N_OPS) -> None:
+    """`n_ops` view ops on `x` (transpose, select, view, slice), each result dropped."""
+    for _ in range(n_ops // 4):
+        x.t()
+        x[3]
+        x.view(-1)
+        x[:, 2:5]
+
+
+def view_ops_us(x_cpu: torch.Tensor, x_dev: torch.Tensor, rounds: int = 15) -> tuple:
+    """Minimum µs per view op on lazyxla and in eager, in interleaved rounds."""
+    lazy, eager = [], []
+    for i in range(rounds + WARMUP):
+        t0 = time.perf_counter()
+        view_ops(x_dev)
+        dt = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        view_ops(x_cpu)
+        de = time.perf_counter() - t0
+        if i >= WARMUP:
+            lazy.append(dt)
+            eager.append(de)
+    return min(lazy) / N_OPS * 1e6, min(eager) / N_OPS * 1e6
+
+
 def main() -> None:
     """Measure and print the table."""
     torch.manual_seed(0)
@@ -119,6 +145,11 @@ def main() -> None:
         f"cheap chain `y * 1.0001 + 0.5` ({N_OPS} ops, min of interleaved rounds): lazyxla "
         f"[bold]{lazy_c:.1f} µs/op[/], eager {eager_c:.1f} µs/op, lazyxla / eager "
         f"[bold]{lazy_c / eager_c:.2f}x[/]"
+    )
+    lazy_v, eager_v = view_ops_us(x_cpu, x_dev)
+    console.print(
+        f"view ops `x.t(), x[3], x.view(-1), x[:, 2:5]` ({N_OPS} ops, min of interleaved "
+        f"rounds): lazyxla [bold]{lazy_v:.1f} µs/op[/], eager {eager_v:.1f} µs/op"
     )
 
 

@@ -9,10 +9,12 @@ from ._src.runtime_api import global_device_count as global_device_count
 from ._src.runtime_api import global_ordinal as global_ordinal
 from ._src.runtime_api import global_runtime_device_attributes as global_runtime_device_attributes
 from ._src.runtime_api import global_runtime_device_count as global_runtime_device_count
+from ._src.runtime_api import host_index as host_index
 from ._src.runtime_api import initialize_cache as initialize_cache
 from ._src.runtime_api import is_spmd as is_spmd
 from ._src.runtime_api import local_device_count as local_device_count
 from ._src.runtime_api import local_ordinal as local_ordinal
+from ._src.runtime_api import local_process_count as local_process_count
 from ._src.runtime_api import process_count as process_count
 from ._src.runtime_api import process_index as process_index
 from ._src.runtime_api import runtime_device_attributes as runtime_device_attributes
@@ -28,10 +30,12 @@ __all__ = [
     "global_ordinal",
     "global_runtime_device_attributes",
     "global_runtime_device_count",
+    "host_index",
     "initialize_cache",
     "is_spmd",
     "local_device_count",
     "local_ordinal",
+    "local_process_count",
     "process_count",
     "process_index",
     "runtime_device_attributes",

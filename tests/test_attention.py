@@ -29,6 +29,13 @@ def _lazy(ts):
     return [t.detach().to(dev).requires_grad_(t.requires_grad) for t in ts]
 
 
+def _assert_matches(out, grads, ref, ref_grads):
+    """Lazy output and gradients against the float64 reference's, within float32 rounding."""
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
+    for got, exp in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+
+
 def _sdpa_case(q, k, v, mask=None, **kw):
     """sdpa on lazyxla vs float64 eager: output and gradients of q, k, v (and a float mask)."""
     ins = [t for t in (q, k, v, mask) if t is not None]
@@ -42,9 +49,7 @@ def _sdpa_case(q, k, v, mask=None, **kw):
         lz[i].requires_grad_()
     out = F.scaled_dot_product_attention(*lz[:3], attn_mask=(lz + [None])[3], **kw)
     grads = torch.autograd.grad(out, [lz[i] for i in want], g.float().to(dev))
-    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
-    for got, exp in zip(grads, ref_grads):
-        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+    _assert_matches(out, grads, ref, ref_grads)
 
 
 CASES = {
@@ -200,9 +205,7 @@ def test_flash_attention_matches_reference(name, small_blocks):
         lz[0], lz[1], lz[2], causal, lseg, lseg, sm, ab=lz[3] if ab is not None else None
     )
     grads = torch.autograd.grad(out, lz, g.float().to(dev))
-    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
-    for got, exp in zip(grads, ref_grads):
-        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+    _assert_matches(out, grads, ref, ref_grads)
 
 
 def test_flash_attention_on_cpu_tensors_is_the_reference():
@@ -247,9 +250,7 @@ def test_flash_attention_partition_spec_runs_per_shard(spmd):
     out = flash_attention(*lz, causal=True, sm_scale=0.5, partition_spec=spec, mesh=mesh)
     assert "sdy.manual_computation" in lazyxla.debug.stablehlo_text([out])
     grads = torch.autograd.grad(out.sum(), lz)
-    torch.testing.assert_close(out.cpu().double(), ref.detach(), **TOL)
-    for got, exp in zip(grads, ref_grads):
-        torch.testing.assert_close(got.cpu().double(), exp.double(), **TOL)
+    _assert_matches(out, grads, ref, ref_grads)
 
 
 def test_sdpa_under_torch_compile():
@@ -260,3 +261,55 @@ def test_sdpa_under_torch_compile():
     out = f(*_lazy([a, a, a]))
     ref = F.scaled_dot_product_attention(a.double(), a.double(), a.double(), is_causal=True)
     torch.testing.assert_close(out.cpu().double(), ref, **TOL)
+
+
+@pytest.mark.parametrize("name", ["gqa_causal_segments", "ab"])
+def test_double_backward_matches_reference(name):
+    """create_graph=True (a gradient penalty): the second derivative through flash_attention and
+    sdpa equals float64 eager math attention (the backward is recomputed differentiably)."""
+    torch.manual_seed(5)
+    c = FA_CASES[name]
+    s = 12
+    q = torch.randn(2, 2, s, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(2, c.get("hk", 2), s, 8, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    ab = torch.randn(2, 2, s, s, dtype=torch.float64, requires_grad=True) if c.get("ab") else None
+    seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12]) if c.get("seg") else None
+    causal = c.get("causal", False)
+    ins = [q, k, v] + ([ab] if ab is not None else [])
+
+    def penalty(ins, out):
+        first = torch.autograd.grad(out.sin().sum(), ins, create_graph=True)
+        return sum((gr * (i + 1)).pow(2).sum() for i, gr in enumerate(first))
+
+    ref_grads = torch.autograd.grad(penalty(ins, _ref(q, k, v, causal, seg, seg, 0.5, ab)), ins)
+    lz = _lazy(ins)
+    lseg = None if seg is None else seg.to(dev)
+    out = flash_attention(*lz[:3], causal, lseg, lseg, 0.5, ab=lz[3] if ab is not None else None)
+    grads = torch.autograd.grad(penalty(lz, out), lz)
+    for got, exp in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu(), exp, rtol=1e-9, atol=1e-9)
+    # F.scaled_dot_product_attention takes the same kernel.
+    if ab is None and seg is None:
+        lz = _lazy(ins)
+        out = F.scaled_dot_product_attention(*lz, is_causal=causal, scale=0.5, enable_gqa=True)
+        for got, exp in zip(torch.autograd.grad(penalty(lz, out), lz), ref_grads):
+            torch.testing.assert_close(got.cpu(), exp, rtol=1e-9, atol=1e-9)
+
+
+def test_double_backward_with_partition_spec_is_refused():
+    sharding.use_spmd()
+    try:
+        import lazyxla.distributed.spmd as xs
+
+        mesh = xs.Mesh(np.arange(8), (8,), ("data",))
+        q = torch.randn(8, 2, 8, 4, device=dev, requires_grad=True)
+        out = flash_attention(q, q, q, partition_spec=("data", None, None, None), mesh=mesh)
+        with pytest.raises(NotImplementedError, match="double backward"):
+            torch.autograd.grad(out.sum(), q, create_graph=True)
+        (g,) = torch.autograd.grad(out.sum(), q)  # a first-order backward still works
+        assert g.shape == q.shape
+    finally:
+        sharding._leave_spmd_for_tests()

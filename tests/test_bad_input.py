@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -80,3 +82,25 @@ def test_cpu_tensor_that_requires_grad_is_refused_like_cuda():
     y = x * w.detach()
     y.sum().backward()
     torch.testing.assert_close(x.grad.cpu(), w.detach())
+
+
+@pytest.mark.parametrize(
+    "dst,src", [((32, 4, 32), (32, 2, 32)), ((3,), (1, 3)), ((3,), (2, 3)), ((2, 3), (3,))]
+)
+def test_copy_shapes_are_checked_when_recorded_as_eager_does(dst, src):
+    """A copy_ whose source does not broadcast to the destination raised only when the graph was
+    lowered (a LoweringError at the next sync, the destination left failed)."""
+
+    def run(device):
+        a = torch.zeros(dst, device=device)
+        a.copy_(torch.ones(src, device=device))
+        return a.cpu()
+
+    try:
+        want = run("cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=re.escape(str(e))):
+            run(DEV)
+        lazyxla.sync()  # nothing pending was broken by the rejected copy
+    else:
+        assert torch.equal(run(DEV), want)

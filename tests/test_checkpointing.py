@@ -4,15 +4,15 @@ eager; the recomputation sits behind an optimization barrier; XLA's memory analy
 """
 
 import copy
+import json
 import os
+import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F  # noqa: F401  (used by the exec'd decoder)
 import torch.utils.checkpoint as tuc
 
 import lazyxla
@@ -20,44 +20,12 @@ import lazyxla.debug.metrics as met
 from lazyxla.utils.checkpoint import checkpoint as xla_checkpoint
 from lazyxla.utils.checkpoint import save_matmuls_context_fn
 
+# The decoder stack and its measurement, shared with bench/large_models.py.
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+from _checkpoint_decoder import Block, run  # noqa: E402
+
 dev = lazyxla.device()
-
-DECODER = """
-class Block(nn.Module):
-    def __init__(self, d, heads, p=0.0):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(p)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        qkv = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.drop(self.down(F.gelu(self.up(self.ln2(x)))))
-
-
-def run(blocks, x, mode):
-    for blk in blocks:
-        if mode == "none":
-            x = blk(x)
-        elif mode == "torch_reentrant":
-            x = tuc.checkpoint(blk, x, use_reentrant=True)
-        elif mode == "torch_nonreentrant":
-            x = tuc.checkpoint(blk, x, use_reentrant=False)
-        elif mode == "xla_reentrant":
-            x = xla_checkpoint(blk, x)
-        elif mode == "xla_nonreentrant":
-            x = xla_checkpoint(blk, x, use_reentrant=False)
-        elif mode == "save_matmuls":
-            x = xla_checkpoint(blk, x, use_reentrant=False, context_fn=save_matmuls_context_fn)
-    return x
-"""
-exec(DECODER)  # the same decoder in this process and in the memory test's subprocess
 
 # torch's and torch_xla's entry points share the implementations: each mode once, across both
 # (torch_nonreentrant and xla_reentrant run in the tests below).
@@ -67,15 +35,15 @@ MODES = ["torch_reentrant", "xla_nonreentrant", "save_matmuls"]
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_equal_eager(mode):
     torch.manual_seed(0)
-    blocks = nn.ModuleList(Block(16, 2) for _ in range(2))  # noqa: F821  (defined by exec)
+    blocks = nn.ModuleList(Block(16, 2) for _ in range(2))
     x = torch.randn(2, 12, 16, requires_grad=True)
     ref = copy.deepcopy(blocks).double()
     xr = x.detach().double().requires_grad_()
-    run(ref, xr, "none").square().mean().backward()  # noqa: F821
+    run(ref, xr, "none").square().mean().backward()
     lazy = copy.deepcopy(blocks).to(dev)
     xl = x.detach().to(dev).requires_grad_()
     met.clear_all()
-    loss = run(lazy, xl, mode).square().mean()  # noqa: F821
+    loss = run(lazy, xl, mode).square().mean()
     loss.backward()
     assert "xla::optimization_barrier" in lazyxla.debug.ir_text([xl.grad])
     for p, r in zip(lazy.parameters(), ref.parameters()):
@@ -88,7 +56,7 @@ def test_dropout_recomputes_the_same_mask(reentrant):
     """The device RNG is restored for the recomputation: with dropout, checkpointed gradients
     equal the unchecked ones under the same seed."""
     torch.manual_seed(0)
-    blk = Block(16, 2, p=0.5).to(dev)  # noqa: F821
+    blk = Block(16, 2, p=0.5).to(dev)
     x = torch.randn(2, 8, 16).to(dev).requires_grad_()
     grads = []
     for ck in (False, True):
@@ -103,12 +71,12 @@ def test_dropout_recomputes_the_same_mask(reentrant):
 
 def test_compiles_once_across_steps():
     torch.manual_seed(0)
-    blocks = nn.ModuleList(Block(16, 2) for _ in range(2)).to(dev)  # noqa: F821
+    blocks = nn.ModuleList(Block(16, 2) for _ in range(2)).to(dev)
     for step in range(3):
         if step == 1:  # the first step creates the .grad tensors; the next ones accumulate
             met.clear_all()
         x = torch.randn(2, 8, 16).to(dev).requires_grad_()
-        run(blocks, x, "xla_reentrant").sum().backward()  # noqa: F821
+        run(blocks, x, "xla_reentrant").sum().backward()
         lazyxla.sync()
     assert met.counter_value("UncachedCompile") == 1
     assert met.counter_value("CachedCompile") == 1
@@ -121,28 +89,6 @@ def test_clear_errors():
         xla_checkpoint(blk, x, context_fn=save_matmuls_context_fn)
     with pytest.raises(ValueError, match="Unexpected keyword arguments: foo"):
         xla_checkpoint(blk, x, foo=1)
-
-
-MEMORY = (
-    """
-import torch, torch.nn as nn, torch.nn.functional as F, torch.utils.checkpoint as tuc
-import lazyxla
-from lazyxla.utils.checkpoint import checkpoint as xla_checkpoint
-from lazyxla.utils.checkpoint import save_matmuls_context_fn
-"""
-    + DECODER
-    + """
-torch.manual_seed(0)
-blocks = nn.ModuleList(Block(64, 4) for _ in range(8)).to(lazyxla.device())
-for mode in ("none", "torch_nonreentrant"):
-    x = torch.randn(4, 128, 64).to(lazyxla.device()).requires_grad_()
-    run(blocks, x, mode).square().mean().backward()
-    grads = [p.grad for p in blocks.parameters()]
-    print(mode, lazyxla.debug.memory_analysis(grads).temp_bytes)
-    blocks.zero_grad(set_to_none=True)
-    lazyxla.sync()
-"""
-)
 
 
 def test_checkpointing_halves_temp_memory():
@@ -159,13 +105,14 @@ def test_checkpointing_halves_temp_memory():
         "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
         "CPU_NUM_DEVICES": "1",
     }
+    args = ["--layers", "8", "--d", "64", "--seq", "128", "--modes", "none", "torch_nonreentrant"]
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(MEMORY)],
+        [sys.executable, str(BENCH / "_checkpoint_decoder.py"), *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    temp = dict(line.split() for line in out.stdout.strip().splitlines())
-    assert int(temp["none"]) >= 2 * int(temp["torch_nonreentrant"]), temp
+    temp = json.loads(out.stdout.strip().splitlines()[-1])["temp"]
+    assert temp["none"] >= 2 * temp["torch_nonreentrant"], temp

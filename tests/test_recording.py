@@ -1,4 +1,4 @@
-"""Recording plans (Note [Recording plans], dispatch.py): a call that hits a plan made by an
+"""Recording plans (Note [Recording plans], recording.py): a call that hits a plan made by an
 earlier call of another signature must still record what the slow path would. Each case runs
 the same ops, in an order that alternates signatures, on lazyxla and in eager, and compares
 values and dtypes."""
@@ -83,3 +83,41 @@ def test_plans_do_not_add_compiles():
     c0 = metrics.counter_value("UncachedCompile")
     torch.testing.assert_close(chain(0.25).cpu(), chain(0.25).cpu())
     assert metrics.counter_value("UncachedCompile") == c0
+
+
+def _views(x: torch.Tensor) -> list[torch.Tensor]:
+    out = [
+        x.t(),
+        x[1],
+        x[-1],
+        x[:, 1:3],
+        x[:, ::2],
+        x.unsqueeze(0).expand(3, *x.shape),
+        x.t()[1:, 2],
+        x.diagonal(1),
+        x.transpose(0, 1)[1:],
+    ]
+    if x.is_contiguous():
+        out += [x.view(-1), x.view(2, -1), x.view(torch.int32)]
+    return out
+
+
+def test_view_plans_alternate_signatures_like_eager():
+    """A view kernel's plan (Note [Recording plans]) replays its input's layout and statics: views
+    of other layouts and statics, in alternation, keep eager's values, layouts and aliasing."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 4)
+    xd = x.to(DEV)
+    for _ in range(2):
+        for src, dst in ((x, xd), (x.t(), xd.t()), (x[1:], xd[1:])):
+            ref, out = _views(src), _views(dst)
+            for r, o in zip(ref, out, strict=True):
+                assert o.shape == r.shape and o.dtype == r.dtype and o.stride() == r.stride()
+                assert o.storage_offset() == r.storage_offset()
+                assert torch.equal(o.cpu(), r)
+    # Writes through planned views reach the base and every other view, as in eager.
+    for t in (x, xd):
+        t.t()[1:, 2].add_(1.0)
+        t[:, ::2].mul_(2.0)
+    assert torch.equal(xd.cpu(), x)
+    assert torch.equal(xd.t()[1:, 2].cpu(), x.t()[1:, 2])

@@ -3,6 +3,7 @@ eager Python loop on CPU, pytrees, compile and trace counts, and errors for bad 
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -200,6 +201,53 @@ def test_body_creating_tensors_and_closure_in_no_grad():
         lc, ly = scan(make(lw), init.to(DEV), xs.to(DEV))
     assert_same(lc, ec)
     assert_same(ly, ey)
+
+
+def test_gradients_reach_tensors_the_body_closes_over():
+    """Note [Tensors a scan body closes over]: a weight, a module's parameters, a frozen tensor and
+    an index tensor used from the enclosing scope; gradients as the eager loop's."""
+    torch.manual_seed(0)
+    w, frozen = torch.randn(4, dtype=F64), torch.randn(4, dtype=F64)
+    lin = nn.Linear(4, 4).double()
+    idx = torch.tensor([3, 2, 1, 0])
+
+    def make(w, frozen, lin, idx):
+        def fn(c, x):
+            h = torch.tanh(lin(c * w + x) + frozen)
+            return h[..., idx], h.sum(-1)
+
+        return fn
+
+    lw, lfrozen, llin = w.to(DEV).requires_grad_(), frozen.to(DEV), copy.deepcopy(lin).to(DEV)
+    w.requires_grad_()
+    init, xs = torch.randn(2, 4, dtype=F64), torch.randn(5, 2, 4, dtype=F64)
+    ci, cx = _leafs(init), _leafs(xs)
+    li, lx = _leafs(init, device=DEV), _leafs(xs, device=DEV)
+    counter = lazyxla._src.random_state.get_state()
+    lc, ly = scan(make(lw, lfrozen, llin, idx.to(DEV)), li, lx)
+    assert lazyxla._src.random_state.get_state() == counter  # the probe run draws nothing
+    ec, ey = loop_scan(make(w, frozen, lin, idx), ci, cx)
+    _total((ec, ey)).backward()
+    _total((lc, ly)).backward()
+    lazyxla.sync()
+    assert_same((lc, ly), (ec, ey))
+    assert_same((li.grad, lx.grad, lw.grad), (ci.grad, cx.grad, w.grad))
+    assert_same([p.grad for p in llin.parameters()], [p.grad for p in lin.parameters()])
+    assert lfrozen.grad is None and not lfrozen.requires_grad
+
+
+def test_grad_mode_body_writing_a_closed_over_tensor_is_refused_and_writes_nothing():
+    outside = torch.zeros(2, device=DEV)
+    lazyxla.sync()
+
+    def fn(c, x):
+        outside.add_(1.0)
+        return c + x, c + outside
+
+    init = torch.zeros(2, device=DEV, requires_grad=True)
+    with pytest.raises(AssertionError, match="writes in place to a tensor it closes over"):
+        scan(fn, init, torch.ones(3, 2, device=DEV))
+    assert torch.equal(outside.cpu(), torch.zeros(2))
 
 
 def test_random_ops_differ_per_iteration_and_per_call_without_recompiling():

@@ -76,8 +76,6 @@ def compilation(cap: Any, cause: str) -> None:
     site = frames[0] if frames else ""
     h = graph_hash(cap)
     last = _LAST_AT_SITE.get(site)
-    from .api import GraphSummary
-
     summary = GraphSummary(cap)
     if last is not None and last[0] != h:
         extra.append(
@@ -133,3 +131,26 @@ def save_graph(cap: Any) -> None:
     )
     with open(FLAGS.save_tensors_file + ".0", "a") as f:
         f.write(section)
+
+
+class GraphSummary:
+    """What a user can recognise in a graph: its input shapes and its op sequence."""
+
+    def __init__(self, cap: Any) -> None:  # a graph.Capture
+        self.inputs = [ir.shape_str(n.specs[0]) for n in cap.nodes if n.op == ir.DEVICE_DATA]
+        self.ops = [n.op for n in cap.nodes if not n.is_leaf]
+
+    def diff(self, other: GraphSummary) -> str:
+        """How `self` differs from an earlier graph `other`, in words."""
+        if self.inputs != other.inputs:
+            before, after = ", ".join(other.inputs), ", ".join(self.inputs)
+            return f"input shapes changed from [{before}] to [{after}]"
+        for i, (a, b) in enumerate(zip(other.ops, self.ops)):
+            if a != b:
+                return f"the traced ops changed: op #{i} was {a}, now {b}"
+        if len(self.ops) != len(other.ops):
+            return f"the number of traced ops changed from {len(other.ops)} to {len(self.ops)}"
+        return (
+            "an op's static arguments changed (a Python scalar baked into the graph, a dtype "
+            "or a shape)"
+        )

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import graph, ir, random_state, runtime
+from .analysis import GraphSummary
 from .config import FLAGS
 from .tensor import DEVICE_TYPE, state
 
@@ -35,8 +36,15 @@ def real_devices() -> list[str]:
     return [f"{d.platform.upper()}:{d.id}" for d in runtime.jax_devices()]
 
 
-def sync(wait: bool = False) -> None:
-    """Run the pending graph of all live lazy tensors; afterwards they hold device data."""
+def sync(wait: bool = False, reset_scope: bool = True) -> None:
+    """Run the pending graph of all live lazy tensors; afterwards they hold device data.
+
+    `reset_scope` is torch_xla's: whether the step ends the IR name scopes still open. lazyxla's
+    graph carries no name scopes (`xp.Trace` annotates the host trace, not the IR), so no scope
+    outlives a step whichever is asked; anything but a bool is refused.
+    """
+    if not isinstance(reset_scope, bool):
+        raise TypeError(f"sync(reset_scope=...) takes a bool, got {reset_scope!r}")
     graph.sync(wait=wait)
 
 
@@ -100,29 +108,6 @@ def graph_hash(tensors: Sequence[torch.Tensor] | None = None) -> bytes:
 
 def _key_hash(key: tuple) -> bytes:
     return hashlib.md5(repr(([_expand(p) for p in key[0]], key[1:])).encode()).digest()
-
-
-class GraphSummary:
-    """What a user can recognise in a graph: its input shapes and its op sequence."""
-
-    def __init__(self, cap: graph.Capture) -> None:
-        self.inputs = [ir.shape_str(n.specs[0]) for n in cap.nodes if n.op == ir.DEVICE_DATA]
-        self.ops = [n.op for n in cap.nodes if not n.is_leaf]
-
-    def diff(self, other: GraphSummary) -> str:
-        """How `self` differs from an earlier graph `other`, in words."""
-        if self.inputs != other.inputs:
-            before, after = ", ".join(other.inputs), ", ".join(self.inputs)
-            return f"input shapes changed from [{before}] to [{after}]"
-        for i, (a, b) in enumerate(zip(other.ops, self.ops)):
-            if a != b:
-                return f"the traced ops changed: op #{i} was {a}, now {b}"
-        if len(self.ops) != len(other.ops):
-            return f"the number of traced ops changed from {len(other.ops)} to {len(self.ops)}"
-        return (
-            "an op's static arguments changed (a Python scalar baked into the graph, a dtype "
-            "or a shape)"
-        )
 
 
 # --- compile -------------------------------------------------------------------------------------

@@ -16,21 +16,59 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._dynamo.utils import counters as _dynamo_counters
+
+from . import random_state
 
 
 def assume_pure(
     fn: Callable[..., Any], *, add_rng_seed_argument: bool = False
 ) -> Callable[..., Any]:
-    """`fn`, traced once per input signature and replayed (see the module docstring)."""
-    if add_rng_seed_argument:
-        # Seeding inside a trace-once replay gives the seed's numbers on replays but not on the
-        # tracing call (dynamo's trace draws first): not offered until that holds.
-        raise NotImplementedError(
-            "assume_pure(add_rng_seed_argument=True) is not supported by lazyxla yet; call "
-            "xm.set_rng_state(seed) before an assume_pure function instead"
-        )
+    """`fn`, traced once per input signature and replayed (see the module docstring).
+
+    `add_rng_seed_argument=True`: the returned function takes a keyword `rng_seed` (an int, or a
+    0-d integer tensor, whose value is read), and its random ops draw from that seed alone, as
+    torch_xla's do: the same seed gives the same numbers, on the tracing call and on replays.
+    """
     compiled = torch.compile(fn, backend="lazyxla", options={"sync": False})
-    return functools.wraps(fn)(compiled)
+    if not add_rng_seed_argument:
+        return functools.wraps(fn)(compiled)
+
+    @functools.wraps(fn)
+    def seeded(*args: Any, **kwargs: Any) -> Any:
+        # torch_xla asserts (AssertionError) on a missing seed; the message says how to call it.
+        assert "rng_seed" in kwargs and kwargs["rng_seed"] is not None, (
+            f"Missing keyword argument rng_seed: {getattr(fn, '__name__', fn)} was made with "
+            "assume_pure(add_rng_seed_argument=True); call it as f(..., rng_seed=<int>)"
+        )
+        seed = kwargs.pop("rng_seed")
+        if isinstance(seed, torch.Tensor):
+            if seed.numel() != 1 or seed.is_floating_point() or seed.is_complex():
+                raise TypeError(
+                    f"assume_pure: rng_seed must be an int or a one-element integer tensor, got a "
+                    f"{seed.dtype} tensor of shape {tuple(seed.shape)}"
+                )
+            seed = int(seed.item())
+        elif not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"assume_pure: rng_seed must be an int, got {type(seed).__name__}")
+        # Each random op takes (seed, counter) from the device RNG when it is recorded or replayed
+        # (random_state.py): run from (rng_seed, 0), then give the caller's stream back.
+        # A call that traces draws (seed, counter) pairs for the trace and again for its run, so
+        # its numbers would differ from the replays': it is run once more, as a replay, from
+        # (rng_seed, 0) (its first outputs are never used, so never computed).
+        saved = random_state.get_state()
+        try:
+            traced = _dynamo_counters["stats"]["unique_graphs"]
+            random_state.set_state(seed, 0)
+            out = compiled(*args, **kwargs)
+            if _dynamo_counters["stats"]["unique_graphs"] != traced:
+                random_state.set_state(seed, 0)
+                out = compiled(*args, **kwargs)
+            return out
+        finally:
+            random_state.set_state(*saved)
+
+    return seeded
 
 
 # torch_xla's cache of traced computations; lazyxla's traces live in dynamo's cache and in the

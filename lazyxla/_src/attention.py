@@ -8,9 +8,11 @@ walk the keys in blocks of `BLOCK_K` with `lax.scan`, keeping a running max, sum
 query (the online softmax of FlashAttention). Only one (Sq, BLOCK_K) block of scores exists at a
 time, so temp memory is linear in the sequence length (tests/test_attention.py measures it with
 XLA's memory analysis). The backward recomputes each block's probabilities from the saved
-logsumexp, so nothing quadratic is saved between forward and backward either. Keys are padded to
-a whole number of blocks and the padding is masked out; a sequence of at most `BLOCK_K` keys is
-one block (no scan: the small-size fallback).
+logsumexp, so nothing quadratic is saved between forward and backward either. A backward that
+must itself be differentiable (`create_graph=True`) is recomputed as math attention with autograd
+(`_differentiable_backward`): correct to any order, quadratic in memory, paid only there. Keys
+are padded to a whole number of blocks and the padding is masked out; a sequence of at most
+`BLOCK_K` keys is one block (no scan: the small-size fallback).
 
 On GPU the forward uses cuDNN's fused kernel through `jax.nn.dot_product_attention` and on TPU
 JAX's Pallas flash attention (for the cases those kernels take: half precision on GPU, no
@@ -333,7 +335,9 @@ def _shard(fn: Any, partition_spec: str, mesh: str, n_in: int, n_out: int) -> An
     """`fn` per shard under `jax.shard_map`, when a partition spec is given."""
     if not partition_spec:
         return fn
-    m = _MESHES[mesh]
+    from .sharding import mesh_from_key
+
+    m = mesh_from_key(mesh)
     spec = tuple(m.named_sharding(tuple(eval(partition_spec))).spec)  # noqa: S307  (our repr)
     spec = spec + (None,) * (4 - len(spec))
     by_rank = {
@@ -365,16 +369,6 @@ def _shard(fn: Any, partition_spec: str, mesh: str, n_in: int, n_out: int) -> An
         )(*[args[i] for i in present])
 
     return run
-
-
-_MESHES: dict[str, Any] = {}
-
-
-def mesh_key(mesh: Any) -> str:
-    """A string naming `mesh` in a custom op's arguments (custom ops take no Python objects)."""
-    key = repr(mesh)
-    _MESHES[key] = mesh
-    return key
 
 
 def fwd_rule(q, k, v, bias, q_seg, kv_seg, causal, scale, partition_spec="", mesh=""):
@@ -411,14 +405,14 @@ def bwd_rule(
 # --- the custom ops, their eager (CPU) reference and autograd -------------------------------------
 
 
-def _ref_scores(q, k, bias, q_seg, kv_seg, causal, scale):
+def _ref_scores(q, k, bias, q_seg, kv_seg, causal, scale, dtype=torch.float64):
     g = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
     if g > 1:
         k = k.repeat_interleave(g, dim=-3)
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q.double() @ k.double().transpose(-2, -1)) * sc
+    s = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * sc
     if bias is not None:
-        s = s.masked_fill(~bias, NEG_INF) if bias.dtype == torch.bool else s + bias.double()
+        s = s.masked_fill(~bias, NEG_INF) if bias.dtype == torch.bool else s + bias.to(dtype)
     if causal:
         sq, sk = s.shape[-2], s.shape[-1]
         s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(), NEG_INF)
@@ -510,7 +504,37 @@ def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.bias_grad = bias is not None and bias.requires_grad
 
 
+def _differentiable_backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+    """The backward as ops autograd can differentiate again (`create_graph=True`: a gradient
+    penalty, Hessian-vector products). It materialises the (Sq, Sk) probabilities: memory is
+    quadratic in the sequence, as eager's math attention; only double backward pays it."""
+    q, k, v, out, lse, bias, qs, kvs = ctx.saved_tensors
+    causal, scale, ps, _ = ctx.statics
+    if ps:
+        raise NotImplementedError(
+            "double backward (create_graph=True) through flash_attention with partition_spec= "
+            "is not supported by lazyxla; call it without partition_spec (SPMD still shards it "
+            "by propagation), or take the second derivative outside the attention"
+        )
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    s, g = _ref_scores(q, k, bias, qs, kvs, causal, scale, dtype)
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(m.isneginf(), 0.0, m))
+    z = e.sum(-1, keepdim=True)
+    p = e / torch.where(z == 0, 1.0, z)  # a fully masked row gives 0, as the kernel does
+    vv = v.to(dtype).repeat_interleave(g, dim=-3) if g > 1 else v.to(dtype)
+    o = p @ vv
+    want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
+    want.append(ctx.bias_grad)
+    inputs = [t for t, w in zip((q, k, v, bias), want) if w]
+    grads = iter(torch.autograd.grad(o, inputs, grad_out.to(dtype), create_graph=True))
+    out_grads = [next(grads).to(t.dtype) if w else None for t, w in zip((q, k, v, bias), want)]
+    return (*out_grads, None, None, None, None, None, None)
+
+
 def _backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
+    if torch.is_grad_enabled():  # create_graph=True: the backward must be differentiable
+        return _differentiable_backward(ctx, grad_out)
     q, k, v, out, lse, bias, qs, kvs = ctx.saved_tensors
     causal, scale, ps, mesh = ctx.statics
     dq, dk, dv, db = flash_attention_bwd(
@@ -627,7 +651,7 @@ def flash_attention(
             raise ValueError(
                 "flash_attention: partition_spec needs a mesh (mesh= or set_global_mesh)"
             )
-        ps, mesh_name = repr(tuple(partition_spec)), mesh_key(mesh)
+        ps, mesh_name = repr(tuple(partition_spec)), xs.mesh_key(mesh)
     return flash_attention_fwd(
         q, k, v, ab, q_segment_ids, kv_segment_ids, causal, float(sm_scale), ps, mesh_name
     )[0]

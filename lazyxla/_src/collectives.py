@@ -239,8 +239,20 @@ OPS = frozenset(
 )
 
 
+# `Node.meta` of a node whose sub-program holds collectives (a replayed dynamo graph).
+HOLDS_COLLECTIVES = "holds collectives"
+
+
 def has_collectives(nodes: Sequence[Node]) -> bool:
-    return any(n.op in OPS for n in nodes)
+    return any(n.op in OPS or n.meta == HOLDS_COLLECTIVES for n in nodes)
+
+
+def swap_token(token: torch.Tensor | None) -> torch.Tensor | None:
+    """Make `token` the ordering token; returns the previous one (None if there was none).
+    Traced sub-programs (dynamo graphs) thread the token through as an input and an output."""
+    old = _token[0] if _token else None
+    _token[:] = [] if token is None else [token]
+    return old
 
 
 def _world() -> int:
@@ -283,6 +295,10 @@ def _ordered(*xs: Any, rule: Any, **kw: Any) -> list:
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     outs, token = jax.lax.optimization_barrier((outs, jnp.zeros((), jnp.int32)))
     return [*outs, token]
+
+
+def current_token() -> torch.Tensor:
+    return _current_token()
 
 
 def _current_token() -> torch.Tensor:
@@ -389,3 +405,80 @@ def collective_permute(t: torch.Tensor, pairs: Sequence[Sequence[int]]) -> torch
         )
     spec = TensorSpec(tuple(t.shape), t.dtype)
     return _record("xla::collective_permute", _permute_rule, [t], dict(pairs=ps), [spec])[0]
+
+
+# Note [Point-to-point transfers]
+# `dist.send` / `dist.recv` involve two processes only, so they cannot be a node of the step's
+# graph, which every process runs (Note [Cross-process collectives]). A transfer runs at once, as
+# torch_xla's send/recv sync at once: the tensor is synced, then the sender and the receiver (and
+# no other process) run one small program over a mesh of their two devices, a `ppermute` from the
+# first to the second; the receiver's result becomes its tensor's data. The program is compiled
+# once per (peers, shape, dtype) and counted as the step's compiles are.
+P2P = "p2p"
+
+
+@functools.cache
+def _p2p_program(src: int, dst: int) -> tuple[Mesh, Any]:
+    devices = replica_mesh().devices
+    mesh = Mesh(np.array([devices[src], devices[dst]]), (P2P,))
+    spec = PartitionSpec(P2P)
+    move = jax.shard_map(
+        lambda x: jax.lax.ppermute(x, P2P, [(0, 1)]), mesh=mesh, in_specs=spec, out_specs=spec
+    )
+    return mesh, jax.jit(move)
+
+
+def point_to_point(t: torch.Tensor, src: int, dst: int) -> jax.Array | None:
+    """Move `t` from process `src` to process `dst`; both call it (the receiver passes a tensor
+    of the shape and dtype it expects). Returns the received array on `dst`, None on `src`."""
+    from . import graph, metrics
+
+    me = distributed.process_index()
+    if src == dst or me not in (src, dst):
+        raise ValueError(f"a transfer from process {src} to {dst} called on process {me}")
+    s = state(t)
+    graph.sync_states([s])
+    local = read(s)[0].data
+    mesh, move = _p2p_program(src, dst)
+    piece = jax.device_put(local[None], runtime.default_device())
+    shape = (2, *local.shape)
+    arr = jax.make_array_from_single_device_arrays(
+        shape, NamedSharding(mesh, PartitionSpec(P2P)), [piece]
+    )
+    with metrics.timed("ExecuteTime"):
+        out = move(arr)
+        out.block_until_ready()
+    metrics.counter_inc("ExecuteComputation")
+    return out.addressable_data(0)[0] if me == dst else None
+
+
+# --- flat shards (ZeRO-1 and FSDP v1) -------------------------------------------------------------
+
+
+def padded_flat(t: torch.Tensor, world: int) -> torch.Tensor:
+    """`t` flattened and zero-padded to a multiple of `world` elements."""
+    flat = t.reshape(-1)
+    pad = (-flat.numel()) % world
+    return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+
+
+def flat_shard(t: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+    """Process `rank`'s equal slice of `padded_flat(t, world)`."""
+    flat = padded_flat(t, world)
+    size = flat.numel() // world
+    return flat[rank * size : (rank + 1) * size]
+
+
+# torch's functional collectives (`torch.ops._c10d_functional`), which dynamo traces: torch_xla's
+# `xm.all_reduce` calls them under torch.compile, and its XLA kernels record the collective. On
+# lazyxla tensors they record the same node as `xm.all_reduce` (synchronous: wait is identity).
+def _functional_all_reduce(t: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+    return all_reduce([t], reduce_op.lower(), 1.0, None)[0]
+
+
+def register_functional_collectives() -> None:
+    from .dispatch import register_kernel
+
+    ops = torch.ops._c10d_functional
+    register_kernel(ops.all_reduce.default, _functional_all_reduce)
+    register_kernel(ops.wait_tensor.default, lambda t: t)

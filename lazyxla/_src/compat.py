@@ -119,6 +119,12 @@ def _xla_device_str(index: int = 0) -> str:
     return xla_real_devices([api.device(index)])[0]
 
 
+def _is_spmd() -> bool:
+    from . import sharding
+
+    return sharding.is_spmd()
+
+
 def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
     """torch_xla's debug description of one tensor: id, device, shape, pending IR or data."""
     from . import ir
@@ -137,7 +143,19 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
         f"XLA Shape: {ir.shape_str(spec)}",
         f"ShardingSpec: {_get_xla_sharding_spec(tensor) or 'None'}",
     ]
-    if node.op == ir.DEVICE_DATA:
+    if node.op == ir.DEVICE_DATA and _is_spmd():
+        # torch_xla's sharded data: one virtual device, the OpSharding and shard count.
+        arr = node.data
+        shards = len(arr.sharding.device_set) if arr is not None else 0
+        lines += [
+            "IR: None",
+            "XLAShardedData: ",
+            "  Data Device: SPMD:0",
+            f"  Data Shape: {ir.shape_str(spec)}",
+            f"  OpSharding: {_get_xla_sharding_spec(tensor) or '{replicated}'}",
+            f"  NumShards: {shards}",
+        ]
+    elif node.op == ir.DEVICE_DATA:
         arr = node.data
         lines += [
             "IR: None",
@@ -265,7 +283,9 @@ def _xla_warm_up_cache(tensors: Sequence[torch.Tensor], devices: Sequence[str] =
 
 
 def _get_executed_fallback_ops() -> list[str]:
-    return [f"aten::{n}" for n in metrics.executed_fallback_ops()]
+    """torch_xla's list: its fallback counters, `.item()`'s `aten::_local_scalar_dense` included."""
+    reads = [n for n in metrics.READS_NOT_FALLBACKS if metrics.counter_value(n)]
+    return sorted([f"aten::{n}" for n in metrics.executed_fallback_ops()] + reads)
 
 
 def _check_tensor_need_materialization(tensors: Sequence[torch.Tensor]) -> list[bool]:
@@ -305,6 +325,27 @@ def _set_ir_debug(enable: bool) -> None:
     FLAGS.set("ir_debug", bool(enable))
 
 
+# The distributed checkpoint's entries (lazyxla/_src/dcp_manager.py), imported on first call:
+# torch.distributed.checkpoint is slow to import.
+_CHECKPOINT_ENTRIES = (
+    "_ensure_xla_coordinator_initialized",
+    "_activate_preemption_sync_manager",
+    "_deactivate_preemption_sync_manager",
+    "_sync_point_reached",
+    "_get_local_shard_replica_and_indices",
+)
+
+
+def _checkpoint_entry(name: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from . import dcp_manager
+
+        return getattr(dcp_manager, dcp_manager.XLAC_ENTRIES[name])(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 def _make_xlac() -> types.ModuleType:
     m = types.ModuleType("torch_xla._XLAC", "lazyxla's stand-in for torch_xla's C extension.")
     m._get_xla_tensors_text = debug.ir_text
@@ -340,6 +381,15 @@ def _make_xlac() -> types.ModuleType:
         setattr(m, f.__name__, f)
     m._get_ir_debug = _get_ir_debug
     m._set_ir_debug = _set_ir_debug
+    from . import op_builder, sharding
+
+    m._xla_custom_call = op_builder.custom_call
+    m._xla_tpu_custom_call = op_builder.tpu_custom_call
+    m._xla_user_computation = op_builder.user_computation
+    m._xla_computation_text = op_builder.get_computation_hlo
+    m._global_tensor_from_cpu_shards = sharding.global_tensor_from_cpu_shards
+    for name in _CHECKPOINT_ENTRIES:
+        setattr(m, name, _checkpoint_entry(name))
     m._xla_get_all_devices = lambda: [_xla_device_str(i) for i in range(api.device_count())]
     m._xla_real_devices = lambda devices: [
         _xla_device_str(torch.device(d).index or 0) for d in devices

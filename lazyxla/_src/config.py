@@ -54,6 +54,14 @@ _FLAGS: dict[str, Flag] = {
         "as a step boundary does, not only the one read (torch_xla's policy, 0). See Note [What "
         "a value read syncs].",
     ),
+    "host_reads": Flag(
+        "LAZYXLA_HOST_READS",
+        bool,
+        True,
+        "A value read of small integer bookkeeping, or of data moved by cat/slice/views, is "
+        "answered on the host instead of compiling a graph. See Note [Small integer reads on "
+        "the host].",
+    ),
     "gc_freeze": Flag(
         "LAZYXLA_GC_FREEZE",
         bool,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -48,7 +49,11 @@ def hlo_text(tensors: Sequence[torch.Tensor]) -> str:
     opts = HloPrintOptions()
     opts.print_operand_shape = True
     opts.print_metadata = False
-    return _lowered(tensors).compiler_ir("hlo").get_hlo_module().to_string(opts)
+    text = _lowered(tensors).compiler_ir("hlo").get_hlo_module().to_string(opts)
+    # XLA names a dot after jax's primitive (`%dot_general.3`); torch_xla's HLO says `%dot.3`.
+    if "%dot." not in text:
+        text = re.sub(r"%dot_general\.(\d+)", r"%dot.\1", text)
+    return text
 
 
 class MemoryAnalysis(NamedTuple):

@@ -10,6 +10,8 @@ argument signature, so a training step pays for shape inference only once), and 
 tensors. In-place and view variants are derived from the functional rule (see Note [Views and
 mutation]).
 Ops with neither a lowering nor a decomposition go to the CPU fallback in fallback.py.
+Functional kernels, and the per-signature recording plans that make their calls cheap, are in
+recording.py.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from torch._ops import OpOverload
 
 from . import metrics, runtime
 from .config import FLAGS
-from .ir import SCALAR as _SCALAR_OP
 from .ir import (
     Node,
     Ref,
@@ -34,13 +35,11 @@ from .ir import (
     node_with_desc,
     rng_scalar,
     scalar,
-    scalar_fast,
 )
 from .ops.registry import Lowering
 from .tensor import (
     DEVICE_TYPE,
     ViewOp,
-    check_device,
     contiguous_strides,
     new_tensor,
     new_view,
@@ -445,12 +444,16 @@ _OPMATH_OTHER = frozenset(
     "aten::" + op for op in ("mul", "div", "floor_divide", "_foreach_mul", "_foreach_div")
 )
 _LOW_FLOATS = (torch.bfloat16, torch.float16)
+# Fills only store their Scalar: a unit there simplifies nothing, so it is lifted like any other
+# value, and `full(n, False)` and `full(n, True)` (transformers' max-length criterion, `False`
+# until the last token) are one graph, not two.
+STORES_SCALAR = frozenset(("aten::full", "aten::full_like", "aten::fill", "aten::new_full"))
 
 
 class Recorder:
     """Turns one call's arguments into (inputs, template) for a node."""
 
-    __slots__ = ("inputs", "ref", "opmath", "opmath_other")
+    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores")
 
     def __init__(self, ref: torch.Tensor | None, op: str = "") -> None:
         self.inputs: list[tuple[Node, int]] = []
@@ -458,6 +461,7 @@ class Recorder:
         # Whether this op reads its bf16/fp16 scalars at float32 (Note [Scalar precision]).
         self.opmath = op in _OPMATH_SCALARS
         self.opmath_other = op in _OPMATH_OTHER
+        self.stores = op in STORES_SCALAR
 
     def tensor(self, t: Any) -> Any:
         if t is None:
@@ -487,13 +491,18 @@ class Recorder:
                 f"{DEVICE_TYPE}:0 and cpu! (a CPU tensor of shape {tuple(t.shape)} that requires "
                 f"grad, at {_user_frame()}; move it with .to(lazyxla.device()) first)"
             )
-        from .sharding import upload_node
+        from .transfer import upload_node
 
         self.inputs.append((upload_node(t), 0))
         return Ref(len(self.inputs) - 1)
 
     def lift(self, v: Any, dtype: torch.dtype) -> Any:
         """A `Scalar` argument: lifted to a graph input unless a unit (or not a real number)."""
+        if self.stores and type(v) in (bool, int, float):
+            if self.ref is not None:
+                dtype = torch.result_type(self.ref, v)
+            self.inputs.append((scalar(v, dtype), 0))
+            return Ref(len(self.inputs) - 1)
         return self._lift(v, dtype, self.opmath)
 
     def _lift(self, v: Any, dtype: torch.dtype, opmath: bool) -> Any:
@@ -529,8 +538,10 @@ def record(
     out_struct: Any,
     strides: Any = None,
     dtype_arg: int | None = None,
+    aten: OpOverload | None = None,
 ) -> tuple[Node, Any]:
-    """Build the node for one call; returns it and the output structure of lazy tensors."""
+    """Build the node for one call; returns it and the output structure of lazy tensors.
+    `aten`: the overload the node's arguments call (see `Node.aten`), if they do."""
     flat: list[TensorSpec] = []
     _flat_specs(out_struct, flat)
     # An explicit `dtype=` sets the result's dtype: scalars are lifted at it (full_like(bf16,
@@ -570,7 +581,9 @@ def record(
         rec.inputs.append((rng_scalar(seed, "rng_seed", offset), 0))
         rec.inputs.append((rng_scalar(offset, "rng_offset", offset), 0))
         kwargs.append(("key", (Ref(len(rec.inputs) - 2), Ref(len(rec.inputs) - 1))))
-    node = Node(name, lw.rule, tuple(rec.inputs), tuple(args), tuple(kwargs), tuple(flat))
+    node = Node(
+        name, lw.rule, tuple(rec.inputs), tuple(args), tuple(kwargs), tuple(flat), aten=aten
+    )
     return node, _wrap_outputs(node, out_struct, [0], strides)
 
 
@@ -580,9 +593,10 @@ def emit(
     inputs: tuple[tuple[Node, int], ...],
     args: tuple,
     spec: TensorSpec,
+    aten: OpOverload | None = None,
 ) -> tuple[Node, int]:
     """A single-output node from already-recorded values (view replay, scatter, casts)."""
-    return (Node(name, rule, inputs, args, (), (spec,)), 0)
+    return (Node(name, rule, inputs, args, (), (spec,), aten=aten), 0)
 
 
 # --- kernels -------------------------------------------------------------------------------------
@@ -621,221 +635,6 @@ def _counter_name(op: OpOverload) -> str:
 def _dtype_arg(specs: list[ArgSpec]) -> int | None:
     """The position of an op's `dtype=` argument (see `record`), decided once per op."""
     return next((i for i, s in enumerate(specs) if s.name == "dtype"), None)
-
-
-# Note [Recording plans]
-# Recording an op is mostly work that depends only on the call's *signature*: its tensors'
-# shapes, dtypes and strides, which Python scalars are units (baked) and which are lifted, the
-# dtype each lifted scalar gets, its static arguments. A functional kernel keeps, per signature,
-# a plan made from the first call's slow path: the output specs and strides, the node's argument
-# template and interned descriptor, where each input comes from and each lifted scalar's dtype.
-# A later call with the same signature only reads its tensors' values, lifts its scalars and
-# builds the node and the output tensors. The signature holds everything the slow path's choices
-# depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
-# number and a 0-d tensor promote differently), and ops with list, generator, device or float
-# static arguments, random ops, and XLA_IR_DEBUG (source lines) always take the slow path.
-_FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC))
-_LIFTED = object()
-_NONE_TYPE = type(None)
-
-
-def _plan_key(
-    kinds: tuple[int, ...], vals: list[Any] | tuple, items: list[Any], states: list[Any]
-) -> tuple | None:
-    """The recording signature of a call (Note [Recording plans]), or None: no plan for it.
-    `items` receives the values of the call's 0-d CPU tensors, `states` its lazy tensors'
-    states, in order."""
-    key: list[Any] = []
-    ref = None
-    wrapped = None
-    numbers = False
-    for k, v in zip(kinds, vals):
-        if k == TENSOR or k == OPT_TENSOR:
-            if v is None:
-                key.append(None)
-            elif not isinstance(v, torch.Tensor):  # a wrapped number, back as a Python scalar
-                t = type(v)
-                if t is float or t is int:
-                    # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
-                    key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
-                    numbers = True
-                elif t is bool:
-                    key.append((t, v))
-                else:
-                    return None
-            elif v.is_cpu:
-                if v.dim():
-                    return None
-                x = v.item()
-                items.append(x)
-                key.append((v.dtype, x if _is_unit(x) else _LIFTED))
-                wrapped = [v] if wrapped is None else [*wrapped, v]
-            else:
-                s = getattr(v.untyped_storage(), "_lx", None)
-                if s is None:
-                    return None
-                if ref is None and k == TENSOR:
-                    ref = v
-                states.append(s)
-                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
-                key.append(s.spec if s.base is None else (s.spec, v.stride()))
-                if s.stride is not None:
-                    key.append(s.stride)
-        elif k == SCALAR:
-            t = type(v)
-            if t is float or t is int:
-                key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
-            elif t is bool or v is None:
-                key.append((t, v))
-            else:
-                return None
-        else:
-            t = type(v)
-            if t is int or t is _NONE_TYPE or t is torch.dtype:
-                key.append(v)
-            elif t is bool:
-                key.append((bool, v))
-            elif t is list or t is tuple:
-                if not all(type(e) is int for e in v):
-                    return None
-                key.append((t, *v))
-            else:
-                return None
-    if wrapped is not None:
-        if ref is None:
-            return None
-        key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
-    if numbers and ref is None:
-        key.append(torch.get_default_dtype())
-    return tuple(key)
-
-
-class _Plan:
-    """What a call of one signature records (Note [Recording plans])."""
-
-    __slots__ = ("name", "rule", "sources", "args", "kwargs", "specs", "desc", "outputs")
-
-    def __init__(
-        self, node: Node, kinds: tuple[int, ...], vals: list[Any], out_struct: Any, strides: Any
-    ) -> None:
-        # Where each input of `node` came from: (position, None) a lazy tensor, (position,
-        # dtype) a lifted scalar (the position's 0-d CPU tensor or Python number).
-        sources: list[tuple[int, Any]] = []
-        inputs = node.inputs
-        for i, v in enumerate(vals):
-            if isinstance(v, torch.Tensor) and not v.is_cpu:
-                sources.append((i, None))
-            elif kinds[i] != STATIC and _is_lifted(v):
-                j = len(sources)
-                if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
-                    raise _NoPlan
-                sources.append((i, inputs[j][0].specs[0].dtype))
-        if len(sources) != len(inputs):
-            raise _NoPlan
-        self.name = node.op
-        self.rule = node.rule
-        self.sources = tuple(sources)
-        self.args = node.args
-        self.kwargs = node.kwargs
-        self.specs = node.specs
-        self.desc = node.desc
-        if isinstance(out_struct, TensorSpec):
-            st = strides[0] if strides is not None else None
-            nbytes = storage_nbytes(out_struct.shape, st, out_struct.dtype.itemsize)
-            self.outputs = (out_struct, st, nbytes)
-        else:
-            self.outputs = (out_struct, strides, None)
-
-    def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
-        inputs = []
-        it = st = 0
-        for i, dtype in self.sources:
-            if dtype is None:
-                s = states[st]
-                st += 1
-                b = s.base
-                inputs.append(s.value if b is None or s.seen == b.version else read(s))
-            elif isinstance(vals[i], torch.Tensor):
-                inputs.append((scalar_fast(items[it], dtype), 0))
-                it += 1
-            else:
-                inputs.append((scalar_fast(vals[i], dtype), 0))
-        node = node_with_desc(
-            self.name, self.rule, tuple(inputs), self.args, self.kwargs, self.specs, self.desc
-        )
-        struct, stride, nbytes = self.outputs
-        if nbytes is not None:
-            return new_tensor((node, 0), struct, stride, nbytes)
-        return _wrap_outputs(node, struct, [0], stride)
-
-
-class _NoPlan(Exception):
-    pass
-
-
-def _is_lifted(v: Any) -> bool:
-    """Whether the slow path lifts `v` (a number or a 0-d CPU tensor) to a graph input."""
-    if isinstance(v, torch.Tensor):
-        v = v.item()
-    return (type(v) is float or type(v) is int) and not _is_unit(v)
-
-
-def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
-    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
-    dtype_arg = _dtype_arg(specs)
-    name, counter = _op_name(op), _counter_name(op)
-    device_args = [
-        i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
-    ]
-    kinds = tuple(s.kind for s in specs)
-    planned = not lw.random and not device_args and _FAST_KINDS.issuperset(kinds)
-    plans: dict[tuple, _Plan | None] = {}
-
-    nargs = len(specs)
-    counters = metrics._counters
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter_ns()
-        counters[counter] = counters.get(counter, 0) + 1
-        key = None
-        vals: Any = None
-        if planned and not FLAGS.ir_debug:
-            items: list[Any] = []
-            states: list[Any] = []
-            # See Note [Recording plans]; a call with every argument positional needs no bind
-            full = not kwargs and len(args) == nargs
-            vals = args if full else bind(specs, args, kwargs)
-            key = _plan_key(kinds, vals, items, states)
-            if key is not None:
-                plan = plans.get(key)
-                if plan is not None:
-                    out = plan.run(vals, items, states)
-                    _trace(t0)
-                    return out
-            if full:
-                vals = None
-        if vals is None:
-            vals = bind(specs, args, kwargs)
-        for i in device_args:
-            check_device(vals[i])
-        try:
-            out_struct, strides = infer_layout(op, specs, vals, lw)
-        except NotImplementedError:
-            # A data-dependent output shape (x[bool_mask]): nothing static to record; CPU fallback.
-            from .fallback import cpu_fallback
-
-            return cpu_fallback(op, *args, **kwargs)
-        node, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg)
-        if key is not None and key not in plans:
-            try:
-                plans[key] = _Plan(node, kinds, vals, out_struct, strides)
-            except _NoPlan:
-                plans[key] = None
-        _trace(t0)
-        return out
-
-    kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
-    return kernel
 
 
 def cast_value(v: tuple[Node, int], spec: TensorSpec) -> tuple[Node, int]:
@@ -1100,29 +899,60 @@ def _narrow_cat(
     return v, statics
 
 
+def _view_key(x: torch.Tensor, statics: tuple) -> tuple | None:
+    """A view call's signature (Note [Recording plans]): its input's layout and its statics,
+    exactly; None when a static is not an int, a list of ints, a bool, None or a dtype."""
+    key: list[Any] = [x.shape, x.dtype, x.stride()]
+    for v in statics:
+        t = type(v)
+        if t is int or v is None or t is torch.dtype:
+            key.append(v)
+        elif t is bool:
+            key.append((bool, v))
+        elif t is list or t is tuple:
+            if not all(type(e) is int for e in v):
+                return None
+            key.append((t, *v))
+        else:
+            return None
+    return tuple(key)
+
+
 def view_kernel(
     op: OpOverload, lw: Lowering, scatter: Callable[..., Any] | None
 ) -> Callable[..., Any]:
     """A view op: the output aliases its input (see Note [Views and mutation]), with eager's
-    strides and storage offset."""
+    strides and storage offset. What a call records depends only on its signature, so the view
+    step (`ViewOp`) and layout are kept per signature, as a functional kernel keeps its plans
+    (Note [Recording plans])."""
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]
     name, counter = _op_name(op), _counter_name(op)
     scatter_name = name + "_scatter"
     narrows = name in (_SLICE, _SELECT)
+    nargs = len(specs)
+    counters = metrics._counters
+    plans: dict[tuple, tuple] = {}
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        metrics.counter_inc(counter)
-        vals = bind(specs, args, kwargs)
-        x = vals[0]
+    def make(
+        x: torch.Tensor, vals: list[Any] | tuple
+    ) -> tuple[ViewOp, TensorSpec, tuple[int, ...] | None, int, bool]:
         out_spec, stride, delta = view_layout(op, specs, vals)
         statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
         in_spec = state(x).spec
+        args = (Ref(0), *statics)
+        out_specs = (out_spec,)
+        desc: list[int] = []  # the node's interned descriptor, once known
 
         def apply(v: tuple[Node, int]) -> tuple[Node, int]:
             if narrows and v[0].op == _CAT:  # See Note [Reading the tail of a cat]
                 v, st = _narrow_cat(name, v, statics, out_spec)
-                return emit(name, lw.rule, (v,), (Ref(0), *st), out_spec)
-            return emit(name, lw.rule, (v,), (Ref(0), *statics), out_spec)
+                return emit(name, lw.rule, (v,), (Ref(0), *st), out_spec, op)
+            if desc and not FLAGS.ir_debug:
+                node = node_with_desc(name, lw.rule, (v,), args, (), out_specs, desc[0], op)
+                return (node, 0)
+            out = emit(name, lw.rule, (v,), args, out_spec, op)
+            desc.append(out[0].desc)
+            return out
 
         do_scatter = None
         if scatter is not None:  # Note [Overlapping writes]: the writing op checks overlap
@@ -1132,11 +962,24 @@ def view_kernel(
                     scatter_name, scatter, (parent, new), (Ref(0), Ref(1), *statics), in_spec
                 )
 
+        overlap = stride is not None and overlaps(out_spec.shape, stride)
+        return ViewOp(name, apply, do_scatter), out_spec, stride, delta, overlap
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        counters[counter] = counters.get(counter, 0) + 1
+        vals = args if not kwargs and len(args) == nargs else bind(specs, args, kwargs)
+        x = vals[0]
+        key = _view_key(x, vals[1:])
+        plan = plans.get(key) if key is not None else None
+        if plan is None:
+            plan = make(x, vals)
+            if key is not None:
+                plans[key] = plan
+        view_op, out_spec, stride, delta, overlap = plan
         offset = x.storage_offset()
         if out_spec.dtype.itemsize != x.dtype.itemsize:  # view(dtype), view_as_real/complex
             offset = offset * x.dtype.itemsize // out_spec.dtype.itemsize
-        view_op = ViewOp(name, apply, do_scatter)
-        return new_view(x, view_op, out_spec, stride, offset + delta)
+        return new_view(x, view_op, out_spec, stride, offset + delta, overlap=overlap)
 
     return kernel
 

@@ -99,8 +99,18 @@ def _check_port_free(coordinator: str) -> None:
 def ensure_initialized() -> None:
     """Join the other processes, if this is one of several (before JAX's backend starts)."""
     if _state["initialized"]:
+        if _state.get("error") is not None:
+            raise _state["error"]  # a failed join fails every later device use the same way
         return
     _state["initialized"] = True
+    try:
+        _join()
+    except DistributedError as e:
+        _state["error"] = e
+        raise
+
+
+def _join() -> None:
     cfg = configuration()
     if cfg is None:
         return

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import fallback, graph, metrics, random_state
+from . import collectives, fallback, graph, metrics, random_state
 from .ir import (
     DEVICE_DATA,
     SCALAR,
@@ -83,12 +83,24 @@ class Trace:
                 fake_args.append(new_tensor((node, 0), spec))
             else:
                 fake_args.append(a)
+        # Collectives in the graph (torch's functional collectives, as xm.all_reduce records
+        # them under dynamo) chain on the ordering token (Note [Cross-process collectives]): it is
+        # one more input, placeholder `len(args)`, and its new value one more output.
+        token_in = None
+        if collectives.active():
+            spec = TensorSpec((), torch.int32)
+            token_in = new_tensor(
+                (Node(GRAPH_INPUT, _input_rule, (), (len(args),), (), (spec,)), 0), spec
+            )
+            outer_token = collectives.swap_token(token_in)
         fallback.tracing_graph = True
         try:
             with torch.no_grad():
                 outs = gm(*fake_args)
         finally:
             fallback.tracing_graph = False
+            token_out = collectives.swap_token(outer_token) if token_in is not None else None
+        self.collectives = token_out is not None and token_out is not token_in
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         # Outputs: tensors computed by the graph, or inputs passed straight through.
         roots: list[tuple[Node, int]] = []
@@ -111,6 +123,10 @@ class Trace:
                 if v[0].op != GRAPH_INPUT:
                     self.mutations.append((i, len(roots)))
                     roots.append(v)
+        self.token_root = -1
+        if self.collectives:
+            self.token_root = len(roots)
+            roots.append(read(state(token_out)))
         nodes = post_order([n for n, _ in roots])
         pos = {id(n): i for i, n in enumerate(nodes)}
         leaves = [n for n in nodes if n.op in (GRAPH_INPUT, DEVICE_DATA, SCALAR)]
@@ -134,6 +150,8 @@ class Trace:
         self.n_roots = len(roots)
 
     def replay(self, args: Sequence[Any], sync: bool) -> Any:
+        if self.collectives:
+            args = [*args, collectives.current_token()]
         inputs: list[tuple[Node, int]] = []
         offset_pairs: dict[int, tuple[int, int]] = {}
         for leaf in self.leaves:
@@ -156,6 +174,9 @@ class Trace:
             self.out_specs,
         )
         outs = [new_tensor((node, i), spec) for i, spec in enumerate(self.out_specs)]
+        if self.collectives:
+            node.meta = collectives.HOLDS_COLLECTIVES
+            collectives.swap_token(outs[self.token_root])
         for arg_index, root in self.mutations:
             target = args[arg_index]
             write(state(target), (node, root))

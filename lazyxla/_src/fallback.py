@@ -21,6 +21,7 @@ from . import metrics
 from .config import FLAGS
 from .ir import _user_frame
 from .tensor import DEVICE_TYPE, state, write
+from .transfer import download, upload
 
 _warned: set[str] = set()
 _lib = torch.library.Library("_", "IMPL")
@@ -31,8 +32,6 @@ class NoLoweringError(NotImplementedError):
 
 
 def _to_cpu(v: Any) -> Any:
-    from .ops.special import download
-
     if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE:
         out = download(v)
         return out.requires_grad_(False)
@@ -44,8 +43,6 @@ def _to_cpu(v: Any) -> Any:
 
 
 def _to_device(v: Any) -> Any:
-    from .ops.special import upload
-
     if isinstance(v, torch.Tensor):
         return upload(v)
     if isinstance(v, (list, tuple)):
@@ -108,8 +105,6 @@ def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 
 def _assign(target: torch.Tensor, cpu_value: torch.Tensor) -> None:
-    from .ops.special import upload
-
     new = upload(cpu_value)
     if tuple(target.shape) != tuple(cpu_value.shape):
         target.data = new  # an out= argument resized by the op

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import runtime_api
+from . import collectives, runtime_api
 from . import xla_model as xm
 
 
@@ -40,22 +40,17 @@ class _GatherParams(torch.autograd.Function):
         world = ctx.world
         out = []
         for g in grads:
-            flat = g.reshape(-1)
-            pad = (-flat.numel()) % world
-            if pad:
-                flat = nn.functional.pad(flat, (0, pad))
+            flat = collectives.padded_flat(g, world)
             out.append(xm.reduce_scatter("sum", flat, 1.0 / world, 0, world) if world > 1 else flat)
         return (None, None, *out)
 
 
 def _own_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
     """(owner, name) of every parameter of `module` not inside a nested FSDP unit."""
-    found = []
-    stack = [module]
-    while stack:
-        m = stack.pop()
-        found += [(m, n) for n, p in m._parameters.items() if p is not None]
-        stack += [c for c in m.children() if not isinstance(c, XlaFullyShardedDataParallel)]
+    found = [(module, n) for n, p in module._parameters.items() if p is not None]
+    for child in module.children():  # in definition order, as named_parameters() lists them
+        if not isinstance(child, XlaFullyShardedDataParallel):
+            found += _own_parameters(child)
     return found
 
 
@@ -109,13 +104,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         shards = []
         for owner, name in _own_parameters(module):
             p = owner._parameters.pop(name)
-            flat = p.detach().reshape(-1)
-            pad = (-flat.numel()) % self.world_size
-            if pad:
-                flat = nn.functional.pad(flat, (0, pad))
-            size = flat.numel() // self.world_size
             shard = nn.Parameter(
-                flat[self.rank * size : (self.rank + 1) * size].clone(),
+                collectives.flat_shard(p.detach(), self.world_size, self.rank).clone(),
                 requires_grad=p.requires_grad,
             )
             self._owners.append((owner, name))
@@ -143,16 +133,42 @@ class XlaFullyShardedDataParallel(nn.Module):
             return getattr(self.module, name)
 
     def get_shard_metadata(self) -> dict[str, Any]:
-        """Where each full parameter's slice lives (torch_xla's consolidation metadata)."""
-        names = {id(m): n for n, m in self.module.named_modules()}
+        """What `consolidate_sharded_state_dicts` needs to rebuild the unwrapped model's state
+        dict from every rank's `state_dict()`: for each shard's key, the original parameter's
+        name and shape; for every other key, its name without the FSDP wrappers."""
+        keys = list(self.state_dict().keys())
+        shard_info = {}
+        for path, unit in self.named_modules():
+            if not isinstance(unit, XlaFullyShardedDataParallel):
+                continue
+            owner_paths = {id(m): n for n, m in unit.module.named_modules()}
+            prefix = _unwrapped_name(self, path) if path else ""
+            for i, ((owner, name), (shape, numel)) in enumerate(
+                zip(unit._owners, unit._meta, strict=True)
+            ):
+                orig = ".".join(x for x in (prefix, owner_paths[id(owner)], name) if x)
+                key = f"{path}.sharded_params.{i}" if path else f"sharded_params.{i}"
+                shard_info[key] = {"_orig_name": orig, "_orig_size": shape, "_numel": numel}
+        names = {k: _unwrapped_name(self, k) for k in keys if k not in shard_info}
         return {
-            "shard_info": {
-                f"{names.get(id(o), '')}.{n}".lstrip("."): {"shape": shape, "numel": numel}
-                for (o, n), (shape, numel) in zip(self._owners, self._meta)
-            },
+            "shard_info": shard_info,
+            "unwrapped_names": names,
             "world_size": self.world_size,
             "rank": self.rank,
         }
+
+
+def _unwrapped_name(root: nn.Module, key: str) -> str:
+    """`key` (a state-dict key or module path under `root`) without FSDP's `module.` levels."""
+    parts, kept, cur = key.split("."), [], root
+    for i, part in enumerate(parts):
+        if isinstance(cur, XlaFullyShardedDataParallel) and part == "module":
+            cur = cur.module
+            continue
+        kept.append(part)
+        if i < len(parts) - 1:
+            cur = cur._modules.get(part, cur) if isinstance(cur, nn.Module) else cur
+    return ".".join(kept)
 
 
 def checkpoint_module(module: nn.Module) -> nn.Module:

@@ -28,11 +28,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import analysis, collectives, metrics, step_closures
+from . import analysis, collectives, host_read, metrics, sharding, step_closures
 from .config import FLAGS
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
+from .sharding import is_spmd as spmd
 from .sharding import output_sharding
 from .tensor import LazyState, bind_data, live_states, read
 
@@ -164,7 +165,7 @@ class Capture:
         marked = any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
         self.donate = self._donation(nodes, root_values) if donate or marked else ()
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
-        self.data = data
+        self.data = sharding.align_device_order(data, nodes, out_shardings) if spmd() else data
         self.scalars = [_scalar_vector(v, dt) for dt, v in scalars.items()]
         # Note [Cross-process collectives]: such a graph runs as one program over all processes.
         self.replicas = collectives.active() and collectives.has_collectives(nodes)
@@ -318,6 +319,8 @@ def sync_read(s: LazyState) -> None:
     """Run what a value read of `s` needs: see Note [What a value read syncs]."""
     read(s)
     if not s.is_pending and s.failed is None:
+        return
+    if host_read.try_read(s, _MOVES):  # Note [Small integer reads on the host]
         return
     if not FLAGS.read_syncs_all or collectives.active():
         # With several processes a read on one process (the master printing a loss) must not

@@ -129,7 +129,19 @@ def intern_desc(desc: tuple) -> int:
 class Node:
     """One recorded op. Immutable after construction; `desc` is its data-free identity."""
 
-    __slots__ = ("op", "rule", "inputs", "args", "kwargs", "specs", "desc", "data", "src", "meta")
+    __slots__ = (
+        "op",
+        "rule",
+        "inputs",
+        "args",
+        "kwargs",
+        "specs",
+        "desc",
+        "data",
+        "src",
+        "meta",
+        "aten",
+    )
 
     def __init__(
         self,
@@ -141,6 +153,7 @@ class Node:
         specs: tuple[TensorSpec, ...],
         desc_extra: Any = None,
         data: Any = None,
+        aten: Any = None,
     ) -> None:
         self.op = op
         self.rule = rule
@@ -164,6 +177,9 @@ class Node:
         self.desc = _intern(key, desc)
         self.src = _user_frame() if FLAGS.ir_debug else None
         self.meta: Any = None
+        # The aten overload that `args`/`kwargs` call in schema order, when they do (a kernel's
+        # own node, not a cast or scatter it emits): Note [Small integer reads on the host].
+        self.aten = aten
 
     def with_inputs(self, inputs: tuple[tuple[Node, int], ...]) -> Node:
         """The same op on other inputs of the same specs (its descriptor does not change)."""
@@ -192,8 +208,9 @@ def node_with_desc(
     kwargs: tuple,
     specs: tuple[TensorSpec, ...],
     desc: int,
+    aten: Any = None,
 ) -> Node:
-    """A node whose descriptor id is already known (a recording plan's, see dispatch.py): the
+    """A node whose descriptor id is already known (a recording plan's, see recording.py): the
     same node `Node(...)` builds, without interning its descriptor again."""
     n = _new_node(Node)
     n.op = op
@@ -206,6 +223,7 @@ def node_with_desc(
     n.data = None
     n.src = None
     n.meta = None
+    n.aten = aten
     return n
 
 
@@ -230,6 +248,7 @@ def scalar_fast(value: Any, dtype: torch.dtype) -> Node:
     n.data = value
     n.src = None
     n.meta = None
+    n.aten = None
     return n
 
 

@@ -80,7 +80,7 @@ def counter_inc(name: str, value: int = 1) -> None:
 
 def metric_add(name: str, value: float) -> None:
     """Record one sample of metric `name` (under its eager-mode name inside `renamed`)."""
-    name = getattr(_tls, "renames", {}).get(name, name)
+    name = _renamed(name)
     with _lock:
         m = _metrics.get(name)
         if m is None:
@@ -91,6 +91,14 @@ def metric_add(name: str, value: float) -> None:
 
 
 _tls = threading.local()
+# Names a mode records under (SPMD mode: an execution is torch_xla's ExecuteReplicatedTime).
+mode_renames: dict[str, str] = {}
+
+
+def _renamed(name: str) -> str:
+    """`name` as recorded now: eager mode's name inside `renamed`, else the mode's."""
+    name = mode_renames.get(name, name)
+    return getattr(_tls, "renames", {}).get(name, name)
 
 
 class renamed:
@@ -167,7 +175,7 @@ _ready_timer = _ReadyTimer()
 
 def time_when_ready(name: str, t0: int, arrays: Any) -> None:
     """Record `now - t0` as a sample of `name` once `arrays` are ready (Note [ExecuteTime])."""
-    name = getattr(_tls, "renames", {}).get(name, name)
+    name = _renamed(name)
     _ready_timer.add(name, t0, arrays)
 
 
@@ -180,7 +188,7 @@ def metric_add_many(name: str, total: float, count: int) -> None:
     """Record `count` samples of `name` summing to `total`, kept as one sample of their mean."""
     if count:
         metric_add(name, total / count)
-        m = _metrics[getattr(_tls, "renames", {}).get(name, name)]
+        m = _metrics[_renamed(name)]
         m.total += count - 1
         m.accumulator += total - total / count
 
@@ -367,6 +375,15 @@ def short_metrics_report(
     return _report(metric_names, counter_names)
 
 
+# `aten::*` counters of value reads, counted under torch_xla's fallback name (torch_xla runs them on
+# its CPU fallback) although no op runs on the CPU here.
+READS_NOT_FALLBACKS = frozenset({"aten::_local_scalar_dense"})
+
+
 def executed_fallback_ops() -> list[str]:
     """Names of the ops that ran through the CPU fallback since the last clear."""
-    return sorted(n[len("aten::") :] for n, v in _counters.items() if v and n.startswith("aten::"))
+    return sorted(
+        n[len("aten::") :]
+        for n, v in _counters.items()
+        if v and n.startswith("aten::") and n not in READS_NOT_FALLBACKS
+    )

@@ -12,6 +12,7 @@ carries the sizes and torch_xla's type name.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -310,6 +311,15 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def _unary_method(fn: Callable[[Any], Any]) -> Callable[[Op], Op]:
+    return lambda self: Op(fn(self.value))
+
+
+# `a.sin()` and torch_xla's static spelling `Op.sin(a)` alike.
+for _name, _fn in _UNARY.items():
+    setattr(Op, _name, _unary_method(_fn))
+
+
 def _wrap(v: Any) -> Op:
     if isinstance(v, tuple | list):
         return Op(tuple(_wrap(x) for x in v))
@@ -324,10 +334,122 @@ def _unwrap(o: Any) -> Any:
     return o
 
 
-def tensor_shape(tensors: Any) -> list[Shape]:
-    """torch_xla's shapes of (a list of) tensors."""
-    ts = tensors if isinstance(tensors, list | tuple) else [tensors]
-    return [Shape(t.shape, _PT_XLA_TYPE_MAP[t.dtype]) for t in ts]
+def tensor_shape(tensors: Any) -> Shape | list[Shape]:
+    """torch_xla's shape of a tensor, or the list of shapes of a list of tensors."""
+    if isinstance(tensors, list | tuple):
+        return [Shape(t.shape, _PT_XLA_TYPE_MAP[t.dtype]) for t in tensors]
+    return Shape(tensors.shape, _PT_XLA_TYPE_MAP[tensors.dtype])
+
+
+# --- computations: built once, applied to tensors (torch_xla's XlaComputation) -------------------
+
+
+class Computation:
+    """torch_xla's `XlaComputation` built by `create_computation`: an Op-builder function of
+    parameters of fixed shapes. Here it is the JAX function, its parameter shapes, and the hash of
+    its HLO (two computations with the same HLO are one executable, as in torch_xla)."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], shapes: Sequence[Shape], **kw: Any):
+        self.name = name
+        self.shapes = list(shapes)
+
+        def jax_fn(*arrays: Any) -> Any:
+            return _unwrap(fn(*(Op(a) for a in arrays), **kw))
+
+        jax_fn.__name__ = name
+        self.fn = jax_fn
+        structs = [jax.ShapeDtypeStruct(sh.sizes, _np_dtype(sh.dtype)) for sh in self.shapes]
+        self.hlo = jax.jit(jax_fn).lower(*structs).as_text()
+        self.key = ("computation", hashlib.md5(self.hlo.encode()).hexdigest())
+
+
+def create_computation(name: str, fn: Callable[..., Any], shapes: Sequence[Any], **kw: Any):
+    """torch_xla's `xb.create_computation`: `fn` (written with `Op`) over parameters of `shapes`
+    (`Shape`s; a one-element list is the shape it holds, as `[tensor_shape(t)]` gives)."""
+    flat = [sh[0] if isinstance(sh, list | tuple) and len(sh) == 1 else sh for sh in shapes]
+    return Computation(name, fn, flat, **kw)
+
+
+def get_computation_hlo(computation: Computation) -> str:
+    """The computation's HLO text (StableHLO, as JAX lowers it)."""
+    return computation.hlo
+
+
+def _need_inputs(what: str, inputs: Sequence[Any]) -> None:
+    if len(inputs) == 0:
+        raise RuntimeError(f"{what}: expected at least 1 input tensor.")
+
+
+def user_computation(name: str, inputs: Sequence[torch.Tensor], computation: Computation) -> Any:
+    """torch_xla's `_XLAC._xla_user_computation`: `computation` applied to `inputs` as one node of
+    the lazy graph; returns the list of its outputs (a tuple root gives one per element)."""
+    _need_inputs(f"user_computation({name})", inputs)
+    for i, (t, sh) in enumerate(zip(inputs, computation.shapes)):
+        want = (tuple(sh.sizes), XLA_PT_TYPE_MAP[sh.dtype])
+        if (tuple(t.shape), t.dtype) != want:
+            raise RuntimeError(
+                f"user_computation({name}): input {i} is {_PT_XLA_TYPE_MAP.get(t.dtype)}"
+                f"{list(t.shape)}, but the computation was built for {sh!r}"
+            )
+    out = call_jax(computation.fn, tuple(inputs), name=name, override_hash=computation.key)
+    return list(out) if isinstance(out, tuple | list) else [out]
+
+
+def xla_computation_as_func(computation: Computation, name: str | None = None) -> Any:
+    """torch_xla's `xb.xla_computation_as_func`: a function of a list of tensors."""
+    name = name or "xla::computation"
+    if "::" not in name:
+        name = "xla::" + name
+    return lambda input_tensors: user_computation(name, input_tensors, computation)
+
+
+def _check_custom_call(
+    what: str, inputs: Sequence[Any], shapes: Sequence[Any], dtypes: Sequence[Any]
+):
+    """torch_xla's checks of a custom call's arguments, with its messages."""
+    _need_inputs(what, inputs)
+    if len(shapes) != len(dtypes):
+        raise RuntimeError(
+            f"{what}: expected the given output shapes (size={len(shapes)}) to be of the same "
+            f"size as the given output dtypes (size={len(dtypes)})."
+        )
+
+
+def custom_call(
+    inputs: Sequence[torch.Tensor],
+    call_target: str,
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[torch.dtype],
+    has_side_effect: bool = False,
+    backend_config: str = "",
+    api_version: int = 0,
+    frontend_attributes: dict | None = None,
+) -> list[torch.Tensor]:
+    """torch_xla's `_XLAC._xla_custom_call`: checked as torch_xla checks it, then the custom call
+    (Note [Custom calls] in custom_call.py); returns the list of its results."""
+    from .custom_call import stablehlo_custom_call
+
+    _check_custom_call(f"custom_call({call_target})", inputs, output_shapes, output_dtypes)
+    out = stablehlo_custom_call(
+        inputs, call_target, output_shapes, output_dtypes, has_side_effect, backend_config,
+        api_version, frontend_attributes,
+    )  # fmt: skip
+    return out if isinstance(out, list) else [out]
+
+
+def tpu_custom_call(
+    inputs: Sequence[torch.Tensor],
+    payload: str,
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[torch.dtype],
+) -> list[torch.Tensor]:
+    """torch_xla's `_XLAC._xla_tpu_custom_call` (a Mosaic kernel): checked as torch_xla checks it,
+    then refused: Mosaic kernels run on TPUs only."""
+    _check_custom_call("tpu_custom_call()", inputs, output_shapes, output_dtypes)
+    raise NotImplementedError(
+        "tpu_custom_call(): a Mosaic (Pallas TPU) kernel runs only on a TPU; lazyxla runs on "
+        f"{runtime.jax_devices()[0].platform.upper()}. Use the kernel's reference implementation"
+    )
 
 
 class RegisteredOp:

@@ -62,7 +62,6 @@ class _Pipeline:
         self.devices = devices
         self.transfer_threads = transfer_threads
         self.upload_on_thread = upload_on_thread
-        self.keep_on_host = False
         self.done = threading.Event()
         self.errors: queue.Queue[BaseException] = queue.Queue()
         self.host_queues = {d: queue.Queue(loader_prefetch_size) for d in devices}
@@ -132,9 +131,7 @@ class _Pipeline:
                 continue
             if self.upload_on_thread:
                 return _map(item, lambda u: xla_model.wrap_uploaded(u.array, u.cpu), _Uploaded)
-            if self.keep_on_host:  # per-process rows of global batches: see _shard_batch
-                return item
-            return xla_model.send_cpu_data_to_device([item], device)[0]
+            return item  # on the host: PerDeviceLoader.next places it (_shard_batch)
 
     def close(self) -> None:
         self.done.set()
@@ -180,25 +177,30 @@ class PerDeviceLoader:
             graph.sync()
             raise StopIteration
         sharding = self._loader._input_sharding
-        if sharding is None:
+        if sharding is None and not runtime_api.is_spmd():
             return item
-        return _shard_batch(item, sharding, device=self._device)
+        return _shard_batch(item, sharding, self._device)
 
 
-def _shard_batch(item: Any, sharding: Any, key: Any = None, device: Any = None) -> Any:
-    """Annotate each device tensor of a batch with its `input_sharding` (a ShardingSpec, or a dict
-    from batch keys to ShardingSpecs), as torch_xla's loader does, so steps see sharded inputs."""
+def _shard_batch(item: Any, sharding: Any, device: Any) -> Any:
+    """A batch's CPU tensors on the device with their `input_sharding` (a ShardingSpec, or a dict
+    from batch keys to ShardingSpecs), as torch_xla's loader places them; errors as torch_xla's:
+    a dict sharding needs a dict batch (ValueError) holding only keys it names (KeyError)."""
+    if isinstance(sharding, dict):
+        if not isinstance(item, dict):
+            raise ValueError("input batch should be a dict when input sharding is a dict.")
+        missing = [k for k in item if sharding and k not in sharding]
+        if missing:
+            raise KeyError(f"Keys: {missing} are missing from input_sharding.")
+        return {
+            k: xla_model.send_cpu_data_to_device(v, device, sharding.get(k))[0]
+            if isinstance(v, torch.Tensor)
+            else xla_model.send_cpu_data_to_device(v, device, sharding.get(k))
+            for k, v in item.items()
+        }
     if isinstance(item, torch.Tensor):
-        spec = sharding.get(key) if isinstance(sharding, dict) else sharding
-        if spec is not None and spec.can_apply(item):
-            # in place, or (per-process rows, still on the CPU) the global batch
-            return spec.global_batch(item, device)
-        return item.to(device) if item.device.type == "cpu" else item
-    if isinstance(item, dict):
-        return {k: _shard_batch(v, sharding, k, device) for k, v in item.items()}
-    if isinstance(item, (list, tuple)):
-        return type(item)(_shard_batch(v, sharding, key, device) for v in item)
-    return item
+        return xla_model.send_cpu_data_to_device(item, device, sharding)[0]
+    return xla_model.send_cpu_data_to_device(item, device, sharding)
 
 
 class ParallelLoader:
@@ -242,10 +244,6 @@ class ParallelLoader:
             host_to_device_transfer_threads,
             on_thread,
         )
-        if input_sharding is not None:
-            from .sharding import minibatch_across_processes
-
-            self._pipeline.keep_on_host = minibatch_across_processes(input_sharding)
 
     def per_device_loader(self, device: torch.device | str) -> PerDeviceLoader:
         """The iterator of `device`'s batches."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from . import graph
+from . import graph, runtime_api
 
 _servers: dict[int, Any] = {}
 
@@ -23,10 +23,16 @@ _servers: dict[int, Any] = {}
 def start_server(port: int, only_on_master: bool = True) -> Any:
     """Start a profiler server on `port`, for `trace()` or TensorBoard to capture from.
 
+    Args:
+        port: the port to serve on.
+        only_on_master: start it only on the host's first process (local ordinal 0), as
+            torch_xla does; the other processes start none and get None.
+
     Returns:
-        The server; keep a reference to it, or it stops.
+        The server (keep a reference to it, or it stops), or None where none was started.
     """
-    del only_on_master
+    if only_on_master and runtime_api.local_ordinal() != 0:
+        return None
     if port not in _servers:
         _servers[port] = jax.profiler.start_server(port)
     return _servers[port]
@@ -90,6 +96,14 @@ def trace(
         jax.profiler.stop_trace()
 
 
+# Note [Detached traces]
+# torch_xla's trace_detached captures on a daemon thread. A daemon thread still capturing when the
+# interpreter exits is killed mid-capture: the trace is lost, or the profiler's C++ state is torn
+# down under it (an abort). The thread here is not a daemon: the interpreter's shutdown joins it
+# before any exit hook runs (each capture ends after its delay_ms + duration_ms), so the
+# program's exit waits for its traces and each is written whole.
+
+
 def trace_detached(
     service_addr: str,
     logdir: str,
@@ -100,7 +114,11 @@ def trace_detached(
     delay_ms: int = 0,
     **kwargs: Any,
 ) -> threading.Thread:
-    """`trace(...)` on a daemon thread; returns the thread (join it to wait for the trace)."""
+    """`trace(...)` on a background thread; returns the thread (join it to wait for the trace).
+
+    The capture finishes even if the program ends first: exit waits for it (Note [Detached
+    traces]).
+    """
     t = threading.Thread(
         target=trace,
         args=(service_addr, logdir, duration_ms, num_tracing_attempts),
@@ -110,7 +128,7 @@ def trace_detached(
             delay_ms=delay_ms,
             **kwargs,
         ),
-        daemon=True,
+        daemon=False,
         name="lazyxla-trace",
     )
     t.start()

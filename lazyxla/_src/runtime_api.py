@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from . import distributed, graph, runtime
+from . import distributed, graph, metrics, runtime
 
 _PLATFORM_NAMES = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}
 _spmd_recorded = False
@@ -86,6 +86,16 @@ def local_ordinal() -> int:
     return distributed.local_rank()
 
 
+def local_process_count() -> int:
+    """The number of processes on this host (1 unless a launcher started several)."""
+    return distributed.local_world_size()
+
+
+def host_index() -> int:
+    """This host's index among the hosts: its first process's index over processes per host."""
+    return distributed.process_index() // local_process_count()
+
+
 def process_index() -> int:
     """This process's index among the JAX processes."""
     return distributed.process_index()
@@ -152,13 +162,27 @@ def runtime_device_attributes(device: str) -> dict[str, Any]:
 
 _cache_path: str | None = None
 
+# JAX's events for a compile that consults the persistent cache, as torch_xla's counters.
+_PERSISTENT_COUNTERS = {
+    "/jax/compilation_cache/cache_hits": "PersistentCacheHit",
+    "/jax/compilation_cache/cache_misses": "PersistentCacheMiss",
+}
+
+
+def _count_persistent(event: str, **kwargs: Any) -> None:
+    name = _PERSISTENT_COUNTERS.get(event)
+    if name is not None:
+        metrics.counter_inc(name)
+
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
     """Turn on the persistent compilation cache in `path` (JAX's), as torch_xla's does.
 
     Must come before the first compilation. Every executable is cached, however fast it compiled.
     With `readonly=True` the cache is read but never written (JAX has no read-only switch: the
-    minimum compile time worth caching is set out of reach).
+    minimum compile time worth caching is set out of reach). Each compile that misses lazyxla's
+    in-memory cache (`UncachedCompile`) then counts `PersistentCacheHit` when it was read from
+    `path` and `PersistentCacheMiss` when XLA compiled it.
     """
     global _cache_path
     if _cache_path is not None:
@@ -175,4 +199,5 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     # Readonly: no compile is ever "slow enough" to be written; lookups still read the cache.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e30 if readonly else 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.monitoring.register_event_listener(_count_persistent)
     _cache_path = path

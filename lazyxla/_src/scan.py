@@ -14,8 +14,29 @@ Activations that are just slices of `xs` are not stacked again: the original `xs
 `min_cut_rematerialization_partition` (or any AOTAutograd partitioner: offloading, custom
 policies) recomputes some of the forward inside the backward loop.
 
-Gradients flow to `init` and `xs` only; tensors `fn` closes over are constants of the loop (as in
-torch_xla: pass weights through `xs`, as `scan_layers` does).
+# Note [Tensors a scan body closes over]
+torch_xla's scan cannot trace a body that uses a device tensor it closes over while gradients are
+on (AOTAutograd meets a real tensor among its fake ones and stops). lazyxla does better: unless
+`is_fn_pure` promises there are none, `fn` is first run on lazy stand-ins of one iteration under a
+TorchFunctionMode that records the lazyxla tensors it uses without creating them or receiving them
+as arguments (`_closed_over`; the lazy ops it records are dropped unexecuted, the RNG state is put
+back). Those tensors are then lifted into the carry: the traced body is `fn` run under a mode that
+substitutes the carried stand-ins for them, and passes them on unchanged. Their gradient is thus
+the carry's gradient, accumulated over the iterations by the backward loop, and lands on the
+tensors through autograd like `init`'s. A body that writes such a tensor in place is refused
+(the probe stops before the write) with an AssertionError, the type torch_xla's AOTAutograd
+raises. In no-grad mode the body is traced on lazy placeholders, where such tensors are simply
+captured inputs of the loop (Note [Sub-graph nodes]).
+
+# Note [Scan under SPMD]
+Shardings inside `fn` are kept: `mark_sharding_with_gradients` is a custom op AOTAutograd keeps in
+the FX graphs (Note [Sharding inside traced functions] in sharding.py), so each iteration of the
+loop carries the constraint, in the forward and, on the gradient, in the backward. As in torch_xla,
+under SPMD the backward body also pairs each gradient with its input (`grad_init` with `init`,
+`grad_xs[i]` with `xs[0]`) through `shard_as`, so the partitioner gives a gradient its input's
+sharding instead of the one it settles on inside the loop (a 2-D sharded weight's gradient would
+otherwise come out replicated over one mesh axis). That backward body closes over the inputs, so
+it is traced per call (the graph cache still compiles it once).
 
 With grad mode off (`torch.no_grad()`, inference) there is no backward to build: `fn` itself is
 traced on placeholder tensors, without AOTAutograd.
@@ -168,6 +189,7 @@ def value_and_grad_partitioned(
     xs: PyTree,
     partition_fn: Callable | None = None,
     is_fn_pure: bool = True,
+    carry_requires_grad: Sequence[bool] | None = None,
 ) -> tuple[Callable, Callable, Callable]:
     """Trace `fn(carry, x) -> (new_carry, y)` with AOTAutograd and split it into three functions:
 
@@ -182,6 +204,8 @@ def value_and_grad_partitioned(
         xs: the stacked inputs (their slices' shapes and dtypes are traced).
         partition_fn: an AOTAutograd partitioner (default: `default_partition`).
         is_fn_pure: cache the result per `(fn, partition_fn, signature)`.
+        carry_requires_grad: per non-None carry leaf, whether it needs a gradient (default:
+            every floating leaf); a leaf without one gets a zero gradient carry in the backward.
 
     Returns:
         `(forward, alias_input, backward)`.
@@ -196,7 +220,15 @@ def value_and_grad_partitioned(
             return None
         return torch.empty_like(v, requires_grad=requires_grad and v.dtype.is_floating_point)
 
-    fake_carry = tree_map(lambda v: fake(v, True), init)
+    flat_init, spec_init = tree_flatten(init)
+    wants = iter(carry_requires_grad or ())
+    fake_carry = tree_unflatten(
+        [
+            fake(v, True if carry_requires_grad is None or v is None else next(wants))
+            for v in flat_init
+        ],
+        spec_init,
+    )
     fake_x = tree_map(
         lambda v: fake(None if v is None else v[0], v is not None and v.requires_grad), xs
     )
@@ -256,6 +288,8 @@ def value_and_grad_partitioned(
         if id(a) in x_index and x_index[id(a)] not in aliases.values():
             aliases[a_idx] = x_index[id(a)]
     del probe, activations_probe
+    # (shapes only: holding the stand-ins would keep pending tensors alive into the next sync)
+    carry_specs = [(tuple(c.shape), c.dtype) for c in flat_c_nn]
 
     def forward(carry: PyTree, x: PyTree) -> tuple[PyTree, tuple[PyTree, tuple]]:
         c, _ = tree_flatten_none(carry)
@@ -280,8 +314,13 @@ def value_and_grad_partitioned(
         grad_y, acts = x
         grad_y, _ = tree_flatten_none(grad_y)
         tangents = [g for g, need in zip((*grad_new_carry, *grad_y), needs_tangent) if need]
-        out = bwd_graph(*acts, *tangents)
-        return unflatten_grads(list(out))
+        grads = list(bwd_graph(*acts, *tangents))
+        # A carry leaf without a gradient (an integer, a frozen tensor) gets zeros, so the
+        # gradient carry keeps the carry's structure from one iteration to the next.
+        for i, (shape, dtype) in enumerate(carry_specs):
+            if grads[i] is None:
+                grads[i] = torch.zeros(shape, dtype=dtype, device=DEVICE_TYPE)
+        return unflatten_grads(grads)
 
     result = (forward, alias_input, backward)
     if is_fn_pure:
@@ -293,6 +332,40 @@ def value_and_grad_partitioned(
 
 
 # --- the autograd Function ------------------------------------------------------------------------
+
+
+def _is_spmd() -> bool:
+    from . import sharding
+
+    return sharding.is_spmd()
+
+
+def _backward_shard_alike(backward: Callable, init: PyTree, xs: PyTree) -> Callable:
+    """`backward` whose gradients are sharded like the forward's inputs (torch_xla's
+    `_backward_shard_alike`; see Note [Scan under SPMD])."""
+    from .spmd_extra import shard_as
+
+    def is_none(v: Any) -> bool:
+        return v is None
+
+    def fn(carry: PyTree, x: PyTree) -> tuple[PyTree, PyTree]:
+        grad_carry, grad_x = backward(carry, x)
+        out = []
+        for grads, like in ((grad_carry, init), (grad_x, xs)):
+            flat_g, spec = tree_flatten(grads, is_leaf=is_none)
+            flat_like = tree_flatten(like, is_leaf=is_none)[0]
+            if like is xs:
+                flat_like = [None if v is None else v[0] for v in flat_like]
+            pairs = [(g, v) for g, v in zip(flat_g, flat_like) if g is not None and v is not None]
+            sharded = iter(shard_as([v for _, v in pairs], [g for g, _ in pairs])[1])
+            flat_g = [
+                next(sharded) if g is not None and v is not None else g
+                for g, v in zip(flat_g, flat_like)
+            ]
+            out.append(tree_unflatten(flat_g, spec))
+        return out[0], out[1]
+
+    return fn
 
 
 class _Scan(torch.autograd.Function):
@@ -307,6 +380,7 @@ class _Scan(torch.autograd.Function):
         activations = alias_input(partial, xs)
         ctx.backward_fn = backward
         ctx.cache = meta["cache"]
+        ctx.spmd_inputs = (init, xs) if _is_spmd() else None
         ctx.n_act = len(activations)
         ctx.in_keep = [v is not None for v in tree_flatten((init, xs))[0]]
         ctx.save_for_backward(*activations)
@@ -319,11 +393,15 @@ class _Scan(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:  # type: ignore[override]
         activations = tuple(ctx.saved_tensors)
         grad_carry, grad_ys = ctx.unflatten_out(list(grads))
+        backward, cache = ctx.backward_fn, ctx.cache
+        if ctx.spmd_inputs is not None:
+            backward, cache = _backward_shard_alike(backward, *ctx.spmd_inputs), False
         grad_init, grad_xs = _scan_impl_pytree(
-            ctx.backward_fn, grad_carry, (grad_ys, activations), reverse=True, cache=ctx.cache
+            backward, grad_carry, (grad_ys, activations), reverse=True, cache=cache
         )
         flat_grads, _ = tree_flatten((grad_init, grad_xs))
-        return (None, *(g for g, keep in zip(flat_grads, ctx.in_keep) if keep))
+        grads = [g for g, keep in zip(flat_grads, ctx.in_keep) if keep]
+        return (None, *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[1:])))
 
 
 def _apply_scan(
@@ -435,8 +513,108 @@ def scan(
         out = _scan_impl_pytree(fn, init, xs, cache=is_fn_pure)
         check()
         return out
+    consts = [] if is_fn_pure else _closed_over(fn, init, xs)
+    if consts:
+        return _scan_lifting_closures(fn, init, xs, consts, partition_fn)
     fns = value_and_grad_partitioned(fn, init, xs, partition_fn=partition_fn, is_fn_pure=is_fn_pure)
     return _apply_scan(fns, init, xs, cache=is_fn_pure)
+
+
+class _WritesOutside(Exception):
+    """The probe run met an in-place write to a tensor `fn` closes over."""
+
+
+class _RecordClosures(torch.overrides.TorchFunctionMode):
+    """Records the lazyxla tensors a function uses that it neither received nor created."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.seen = {id(t): t for t in inputs}  # kept alive: ids stay unique during the run
+        self.found: dict[int, torch.Tensor] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        target = args[0] if args else None
+        writes = getattr(func, "__name__", "").endswith("_") or "out" in kwargs
+        outside = isinstance(target, torch.Tensor) and (
+            id(target) in self.found or id(target) not in self.seen
+        )
+        if writes and outside and target.device.type == DEVICE_TYPE:
+            raise _WritesOutside(f"{func.__name__} on a tensor of shape {tuple(target.shape)}")
+        for v in tree_iter((args, kwargs)):
+            if (
+                isinstance(v, torch.Tensor)
+                and id(v) not in self.seen
+                and v.device.type == DEVICE_TYPE
+            ):
+                self.found[id(v)] = v
+                self.seen[id(v)] = v
+        out = func(*args, **kwargs)
+        for v in tree_iter(out):
+            if isinstance(v, torch.Tensor):
+                self.seen.setdefault(id(v), v)
+        return out
+
+
+class _Substitute(torch.overrides.TorchFunctionMode):
+    """Replaces given tensors (by identity) in every torch call's arguments."""
+
+    def __init__(self, replace: dict[int, torch.Tensor]) -> None:
+        super().__init__()
+        self.replace = replace
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def sub(v: Any) -> Any:
+            return self.replace.get(id(v), v) if isinstance(v, torch.Tensor) else v
+
+        return func(*tree_map(sub, tuple(args)), **tree_map(sub, kwargs or {}))
+
+
+def _closed_over(fn: Callable, init: PyTree, xs: PyTree) -> list[torch.Tensor]:
+    """The lazyxla tensors `fn` uses without receiving them (Note [Tensors a scan body closes
+    over]); runs `fn` once on lazy stand-ins, executing nothing."""
+    from . import random_state
+
+    carry = tree_map(lambda v: None if v is None else torch.empty_like(v), init)
+    x = tree_map(lambda v: None if v is None else torch.empty_like(v[0]), xs)
+    rng = random_state.get_state()
+    mode = _RecordClosures([v for v in tree_iter((carry, x)) if v is not None])
+    try:
+        with torch.no_grad(), mode:
+            fn(carry, x)
+    except _WritesOutside as e:
+        # Stopped before the write: nothing outside changed. torch_xla fails here too, with
+        # AOTAutograd's AssertionError about FakeTensors (and after the write); same type here.
+        raise AssertionError(
+            f"scan: `fn` writes in place to a tensor it closes over ({e.args[0]}); a write to an "
+            "outside tensor cannot be repeated per iteration (AOTAutograd would meet it as a "
+            "real tensor among its FakeTensors). Return the new value through the carry instead"
+        ) from None
+    finally:
+        random_state.set_state(*rng)
+    return list(mode.found.values())
+
+
+def _scan_lifting_closures(
+    fn: Callable, init: PyTree, xs: PyTree, consts: list[torch.Tensor], partition_fn: Callable
+) -> tuple[PyTree, PyTree]:
+    """`scan` with the tensors `fn` closes over carried through the loop, so they get gradients."""
+    ids = [id(c) for c in consts]
+
+    def lifted(carry: tuple, x: PyTree) -> tuple:
+        inner, carried = carry
+        with _Substitute(dict(zip(ids, carried))):
+            new, y = fn(inner, x)
+        return (new, list(carried)), y
+
+    # The carry itself always needs gradients (they flow between iterations); a carried constant
+    # only if it requires grad (it passes through unchanged).
+    wants = [True] * len(tree_flatten_none(init)[0]) + [c.requires_grad for c in consts]
+    fns = value_and_grad_partitioned(
+        lifted, (init, consts), xs, partition_fn, is_fn_pure=False, carry_requires_grad=wants
+    )
+    (carry, _), ys = _apply_scan(fns, (init, consts), xs, cache=False)
+    return carry, ys
 
 
 def body_traces_cached(fn: Callable) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -26,11 +27,12 @@ from typing import Any
 import jax
 import numpy as np
 import torch
+from jax._src.sharding_impls import GSPMDSharding
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import metrics, runtime
 from .ir import Ref, TensorSpec, device_data
-from .tensor import new_tensor, read, state, write
+from .tensor import DEVICE_TYPE, new_tensor, read, state, write
 
 
 class ShardingType(enum.IntEnum):
@@ -57,6 +59,7 @@ def use_spmd(auto: bool = False) -> None:
     if _spmd:
         return
     _spmd = True
+    metrics.mode_renames["ExecuteTime"] = "ExecuteReplicatedTime"  # as torch_xla names it
     from .tensor import live_states
 
     replicated = _all_devices_replicated()
@@ -75,23 +78,68 @@ def _leave_spmd_for_tests() -> None:
     """Tests only: leave SPMD mode so later tests in the process run single-device."""
     global _spmd
     _spmd = False
+    metrics.mode_renames.pop("ExecuteTime", None)
 
 
 @functools.cache
-def _all_devices_replicated() -> NamedSharding:
-    devs = np.array(runtime.jax_devices())
-    return NamedSharding(jax.sharding.Mesh(devs, ("_all",)), PartitionSpec())
+def _all_devices_replicated() -> Any:
+    # Note [Implicit replication]: a GSPMDSharding, not a NamedSharding over a one-axis mesh of
+    # all devices. jax's jit gives unconstrained outputs the mesh of the first NamedSharding
+    # among the inputs; from a one-axis mesh a 2-D tiling such as [4,2] cannot be expressed and
+    # compiling fails (IndivisibleError, a training step with weights sharded over a (4, 2)
+    # mesh). Without a NamedSharding here, outputs take the user's mesh.
+    return GSPMDSharding.get_replicated(list(runtime.jax_devices()))
 
 
-def upload_node(t: torch.Tensor) -> Any:
-    """A device-data node holding a copy of CPU tensor `t`: on one device, or in SPMD mode
-    replicated over all of them."""
-    spec = TensorSpec(tuple(t.shape), t.dtype)
-    if not _spmd:
-        return device_data(runtime.host_to_device(t), spec)
-    placement = _all_devices_replicated()
-    arr = runtime.host_to_device(t, placement)
-    return device_data(arr, spec, sharding=sharding_key(placement, arr.ndim))
+def _named(arr: jax.Array) -> jax.Array:
+    """`arr` with a NamedSharding (jax reshards to another device order only from one): implicit
+    replication over a one-axis mesh of all devices, the same layout, no copy."""
+    if not isinstance(arr.sharding, GSPMDSharding) or not arr.sharding.is_fully_replicated:
+        return arr
+    devs = np.array(list(arr.sharding._device_assignment))
+    named = NamedSharding(jax.sharding.Mesh(devs, ("_all",)), PartitionSpec())
+    pieces = [sh.data for sh in arr.addressable_shards]
+    return jax.make_array_from_single_device_arrays(arr.shape, named, pieces)
+
+
+# Note [Device order]
+# jax.jit needs every argument and sharding constraint of one program on the same device order. A
+# mesh over permuted devices (`xs.Mesh([4, 5, 6, 7, 0, 1, 2, 3], ...)`) orders its devices so,
+# while implicitly replicated data (uploads) is on all devices in their natural order: a graph
+# mixing the two failed to compile ("incompatible devices"). Replicated data is the same in any
+# order, so before a graph runs its replicated inputs are re-expressed on the order of the graph's
+# sharded inputs or constraints: the same per-device buffers, no copy (GSPMDSharding, as in Note
+# [Implicit replication]).
+
+
+def _order_of(sh: Any) -> tuple | None:
+    return None if sh is None or sh.is_fully_replicated else tuple(sh._device_assignment)
+
+
+def align_device_order(data: list[jax.Array], nodes: list[Any], out_shardings: tuple) -> list:
+    """`data` with its replicated arrays on the graph's device order (Note [Device order])."""
+    order = next((o for o in (_order_of(a.sharding) for a in data) if o is not None), None)
+    if order is None:
+        named = [n.args[1] for n in nodes if n.op == "xla::mark_sharding"]
+        order = next((o for o in map(_order_of, (*named, *out_shardings)) if o is not None), None)
+    if order is None:
+        return data
+    out = []
+    for a in data:
+        sh = a.sharding
+        if sh.is_fully_replicated and len(sh.device_set) == len(order):
+            if tuple(sh._device_assignment) != order:
+                placed = GSPMDSharding.get_replicated(list(order))
+                pieces = [x.data for x in a.addressable_shards]
+                a = jax.make_array_from_single_device_arrays(a.shape, placed, pieces)
+        out.append(a)
+    return out
+
+
+def upload_placement() -> NamedSharding | None:
+    """Where an upload goes (Note [Host and device transfer]): the default device, or in SPMD mode
+    every device, replicated."""
+    return _all_devices_replicated() if _spmd else None
 
 
 def output_sharding(arr: jax.Array) -> Any:
@@ -134,24 +182,26 @@ class Mesh:
             axis_names = tuple(axis_names)
             if len(mesh_shape) != len(axis_names):
                 raise AssertionError(
-                    f"mesh_shape {mesh_shape} and axis_names {axis_names} must have the same length"
+                    f"Number of axis names ({len(axis_names)}) must match mesh dimensions "
+                    f"({len(mesh_shape)}): mesh_shape {mesh_shape}, axis_names {axis_names}"
                 )
             if len(set(axis_names)) != len(axis_names):
-                raise AssertionError(f"axis_names {axis_names} must be unique")
+                raise AssertionError(f"Axis names must be unique, got: {axis_names}")
         if len(device_ids) != np.prod(mesh_shape):
             raise AssertionError(
-                f"{len(device_ids)} device ids cannot fill a mesh of shape {mesh_shape} "
-                f"({int(np.prod(mesh_shape))} devices)"
+                f"Number of device IDs ({len(device_ids)}) must match mesh size "
+                f"({int(np.prod(mesh_shape))}): {len(device_ids)} device ids cannot fill a mesh of "
+                f"shape {mesh_shape}"
             )
         if len(device_ids) != len(np.unique(device_ids)):
-            raise AssertionError(f"device_ids must be unique, got {device_ids.tolist()}")
+            raise AssertionError(f"Device IDs must be unique, got: {device_ids.tolist()}")
         self.device_ids = device_ids
         self.mesh_shape = mesh_shape
         self.axis_names = axis_names
         if not all(0 <= d < self.size() for d in device_ids):
             raise AssertionError(
-                f"device ids {device_ids.tolist()} must lie in [0, {self.size()}) for a mesh of "
-                f"{self.size()} devices"
+                f"Device IDs must be less than mesh size ({self.size()}) and not negative, got: "
+                f"{device_ids.tolist()}"
             )
 
     def size(self) -> int:
@@ -300,6 +350,11 @@ def hlo_string(sharding: Any, ndim: int) -> str:
     positions = hlo.tile_assignment_devices()
     ids = _mesh_device_ids(sharding) if isinstance(sharding, NamedSharding) else None
     devs = [ids[p] for p in positions] if ids is not None else list(positions)
+    if hlo.replicate_on_last_tile_dim():
+        # The devices of one replication group (the last tile dim) hold the same tile: torch_xla
+        # prints each group sorted (its OpSharding is built from the mesh's groups, in id order).
+        g = dims[-1]
+        devs = [d for i in range(0, len(devs), g) for d in sorted(devs[i : i + g])]
     text = "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs))
     if hlo.replicate_on_last_tile_dim():
         text += " last_tile_dim_replicate"
@@ -327,8 +382,14 @@ def sharding_spec(t: torch.Tensor) -> str:
     sh = _sharding_of(unwrap(t))
     if sh is None:
         return ""
-    if isinstance(sh, NamedSharding) and sh.mesh.axis_names == ("_all",):
-        return ""  # SPMD mode's implicit replication of unannotated data
+    if state(unwrap(t)).sharding is None:
+        # As torch_xla: data uploaded unannotated has no sharding (SPMD mode's implicit
+        # replication is not one), but what an SPMD execution returns carries the sharding XLA
+        # gave it, `{replicated}` included (on one device too).
+        if sh is _all_devices_replicated():
+            return ""
+        if _spmd and isinstance(sh, jax.sharding.SingleDeviceSharding):
+            return "{replicated}"
     return hlo_string(sh, t.dim())
 
 
@@ -386,7 +447,7 @@ def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedShardi
     spec = s.spec
     if node.op == "xla::device_data" and s.base is None and _divides(named, spec.shape):
         with metrics.timed("TransferToDeviceTime"):
-            arr = jax.device_put(node.data, named)
+            arr = jax.device_put(_named(node.data), named)
         s.value = (device_data(arr, spec, sharding=sharding_key(named, arr.ndim)), 0)
     else:
         # A pending value, or an uneven split (jax arrays hold only even shardings; XLA pads
@@ -413,7 +474,9 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: tuple) -> XLAShar
     named = _validate(t, mesh, tuple(partition_spec))  # raises before anything changes
     ann = ShardingAnnotation(mesh, mesh.translate(tuple(partition_spec)), named)
     annotate(t, ann, named)
-    return XLAShardedTensor.wrap(t)
+    out = XLAShardedTensor.wrap(t)
+    out.mesh_shape, out.partition_spec = mesh.mesh_shape, tuple(partition_spec)
+    return out
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
@@ -421,7 +484,12 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     t = unwrap(t)
     s = state(t)
     if s.sharding is not None:
-        annotate(t, None, NamedSharding(s.sharding.named.mesh, PartitionSpec()))
+        mesh = s.sharding.named.mesh
+        whole = _spmd and mesh.devices.size == len(runtime.jax_devices())
+        # Over every device: the placement of unannotated uploads, so it shows no sharding.
+        annotate(
+            t, None, _all_devices_replicated() if whole else NamedSharding(mesh, PartitionSpec())
+        )
         s.sharding = None
     return t
 
@@ -506,19 +574,133 @@ class XLAShardedTensor(torch.Tensor):
         full = self.global_tensor.cpu()
         for sh in shards:
             full[tuple(sh.indices)] = sh.unpadded_data
-        from .ops.special import upload
-
         s = state(self)
         named = _sharding_of(self)
-        new = upload(full)
-        s.value = state(new).value
+        s.value = state(full.to(self.device)).value
         if named is not None:
             annotate(self, s.sharding, named)
 
+    # --- torch_xla's DTensor view of the sharding (mesh_shape, partition_spec, _spec) ----------
+
+    def __new__(
+        cls,
+        elem: torch.Tensor,
+        mesh_shape: tuple[int, ...] | None = None,
+        partition_spec: tuple | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> XLAShardedTensor:
+        """torch_xla's constructor: `elem` seen as an XLAShardedTensor (sharing its data); with
+        `requires_grad=True` it is a new leaf of the autograd graph, as torch_xla's is."""
+        elem = unwrap(elem)
+        grad = kwargs.get("requires_grad", False)
+        out = torch.Tensor._make_subclass(cls, elem.detach() if grad else elem, grad)
+        out._global = elem.detach() if grad else elem
+        out._mesh_shape, out._partition_spec = mesh_shape, partition_spec
+        return out
+
     @property
     def mesh_shape(self) -> tuple[int, ...] | None:
+        given = self.__dict__.get("_mesh_shape")
+        if given is not None:
+            return given
         s = state(self)
-        return s.sharding.mesh.mesh_shape if s.sharding is not None else None
+        return s.sharding.mesh.mesh_shape if isinstance(s.sharding, ShardingAnnotation) else None
+
+    @mesh_shape.setter
+    def mesh_shape(self, value: tuple[int, ...] | None) -> None:
+        self._mesh_shape = value
+        self.invalidate_spec_cache()
+
+    @property
+    def partition_spec(self) -> tuple | None:
+        """The partition spec given to `mark_sharding` (or set by `wrap_as_sharded_tensor`)."""
+        return self.__dict__.get("_partition_spec")
+
+    @partition_spec.setter
+    def partition_spec(self, value: tuple | None) -> None:
+        self._partition_spec = value
+        self.invalidate_spec_cache()
+
+    @property
+    def _cached_spec(self) -> Any:
+        return self.__dict__.get("_spec_cache")
+
+    def invalidate_spec_cache(self) -> None:
+        """Forget the cached DTensorSpec (after the mesh shape or partition spec changed)."""
+        self.__dict__["_spec_cache"] = None
+
+    @property
+    def _spec(self) -> Any:
+        """torch_xla's DTensorSpec of this sharding: a DeviceMesh('xla') of the mesh shape over
+        device ids 0..n-1, and one placement per mesh dim (Shard of the tensor dim that names it,
+        else Replicate); cached until the mesh shape or partition spec changes."""
+        if self._cached_spec is not None:
+            return self._cached_spec
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        from torch.distributed.tensor.placement_types import Replicate, Shard
+
+        mesh_shape, spec = self.mesh_shape, self.partition_spec
+        if mesh_shape is None or spec is None:
+            missing = "mesh_shape" if mesh_shape is None else "partition_spec"
+            raise ValueError(
+                f"{missing} must be specified to create DTensorSpec. If this tensor was created "
+                "through torch operations, it may be auto-wrapped. Use wrap_as_sharded_tensor() "
+                f"to set {missing} before accessing _spec."
+            )
+        ids = torch.arange(len(runtime.jax_devices())).reshape(mesh_shape)
+        mesh = DeviceMesh("xla", ids, _init_backend=False)
+        placements = tuple(
+            next((Shard(d) for d, m in enumerate(spec) if m == mesh_dim), Replicate())
+            for mesh_dim in range(len(mesh_shape))
+        )
+        g = self.global_tensor
+        meta = TensorMeta(shape=g.shape, stride=g.stride(), dtype=g.dtype)
+        self.__dict__["_spec_cache"] = DTensorSpec(mesh, placements, tensor_meta=meta)
+        return self.__dict__["_spec_cache"]
+
+    @property
+    def placements(self) -> tuple[Any, ...]:
+        """The DTensor placements of this sharding (see `_spec`)."""
+        try:
+            return self._spec.placements
+        except ValueError as e:
+            raise ValueError(
+                "Placements not available: XLAShardedTensor requires mesh_shape and "
+                "partition_spec to be set. Use mark_sharding() to properly initialize sharding "
+                "information."
+            ) from e
+
+    def redistribute(
+        self, device_mesh: Mesh, placements: Sequence[Any], *, async_op: bool = False
+    ) -> XLAShardedTensor:
+        """This tensor resharded over `device_mesh` by DTensor `placements` (Shard(d): tensor dim
+        d split over that mesh dim; Replicate: not split). `async_op=True` reshards a copy."""
+        from torch.distributed.tensor.placement_types import Partial, Shard
+
+        if len(placements) != len(device_mesh.mesh_shape):
+            raise ValueError(
+                f"Number of placements ({len(placements)}) must match mesh dimensions "
+                f"({len(device_mesh.mesh_shape)})"
+            )
+        if any(isinstance(p, Partial) for p in placements):
+            raise NotImplementedError(
+                "Partial placement is not yet implemented and may have unexpected behavior. "
+                "Use Shard or Replicate placements instead."
+            )
+        g = self.global_tensor
+        spec: list[int | None] = [None] * g.dim()
+        for mesh_dim, p in enumerate(placements):
+            if isinstance(p, Shard):
+                if p.dim >= g.dim():
+                    raise IndexError(
+                        f"Shard dimension {p.dim} is out of bounds for tensor with {g.dim()} "
+                        "dimensions"
+                    )
+                spec[p.dim] = mesh_dim
+        target = g.clone() if async_op else g
+        return mark_sharding(target, device_mesh, tuple(spec))
 
     def __repr__(self) -> str:
         return f"XLAShardedTensor({self.global_tensor!r}, sharding={self.sharding_spec!r})"
@@ -605,31 +787,108 @@ class ShardingSpec:
         return out
 
 
-def minibatch_across_processes(sharding: Any) -> bool:
-    """True if a loader's `input_sharding` asks for global batches of per-process rows."""
-    from . import distributed
+_V1 = re.compile(r"^\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}$")
 
-    specs = sharding.values() if isinstance(sharding, dict) else [sharding]
-    return distributed.process_count() > 1 and any(getattr(s, "minibatch", False) for s in specs)
+
+def global_tensor_from_cpu_shards(
+    shards: Sequence[torch.Tensor], op_sharding: str, global_shape: Sequence[int] | None = None
+) -> torch.Tensor:
+    """torch_xla's `_XLAC._global_tensor_from_cpu_shards`: the global tensor whose shards (one per
+    device, by device id) are `shards` under `op_sharding` (the `Mesh.get_op_sharding` string);
+    `global_shape` (default: the shards' union) may cut the last tiles short, as padding."""
+    n = len(runtime.jax_devices())
+    if len(shards) != n:
+        raise RuntimeError(f"expected {n} shards, one per device, got {len(shards)}")
+    shape = tuple(shards[0].shape)
+    if any(tuple(t.shape) != shape for t in shards):
+        raise RuntimeError("all shards must have the same shape")
+    if op_sharding == "{replicated}":
+        dims, devs = [1] * len(shape), list(range(n))
+        groups = 1
+    else:
+        m = _V1.match(op_sharding)
+        if m is None:
+            raise RuntimeError(f"unsupported sharding {op_sharding!r} for shards")
+        dims = [int(d) for d in m.group(1).split(",")]
+        devs = [int(d) for d in m.group(2).split(",")]
+        groups = dims.pop() if m.group(3) else 1
+        if len(dims) != len(shape):
+            raise RuntimeError(f"sharding {op_sharding} does not fit shards of rank {len(shape)}")
+    full = tuple(s * d for s, d in zip(shape, dims))
+    want = full if global_shape is None else tuple(global_shape)
+    # torch_xla's check: the shard shape of `want` under the sharding is the shards' shape
+    bad = len(want) != len(full) or any(-(-g // d) != s for g, d, s in zip(want, dims, shape))
+    if bad:
+        raise RuntimeError(
+            f"global shape {list(want)} does not fit shards of shape {list(shape)} under "
+            f"{op_sharding} (the shards cover {list(full)})"
+        )
+    out = torch.empty(full, dtype=shards[0].dtype)
+    for pos, dev in enumerate(devs):
+        tile = np.unravel_index(pos // groups, dims) if dims else ()
+        where = tuple(slice(c * s, (c + 1) * s) for c, s in zip(tile, shape))
+        out[where] = shards[dev]
+    return out[tuple(slice(0, g) for g in want)].contiguous().to(DEVICE_TYPE)
+
+
+def upload_batch_tensor(t: torch.Tensor, spec: ShardingSpec | None, device: Any) -> torch.Tensor:
+    """One CPU tensor of a batch on `device`, as torch_xla's `send_cpu_data_to_device` puts it:
+    sharded by `spec` when the spec fits its rank; otherwise unannotated, or in SPMD mode
+    annotated replicated (torch_xla's SPMD uploads carry a `{replicated}` sharding)."""
+    if spec is not None and spec.can_apply(t):
+        return spec.global_batch(t, device)
+    out = t.to(device)
+    if _spmd:
+        mark_sharding(out, get_1d_mesh(), (None,) * out.dim())
+    return out
 
 
 def spec_of(t: torch.Tensor) -> TensorSpec:
     return state(t).spec
 
 
+# Note [Sharding inside traced functions]
+# `mark_sharding_with_gradients` goes through the custom op `lazyxla::aot_mark_sharding`
+# (torch_xla's `xla::aot_mark_sharding`), so AOTAutograd (a scan body, `scan_layers`) can trace
+# it on fake tensors: the op stays in the FX graph, and when the graph is replayed on lazy tensors
+# (the loop body's placeholders) it becomes a sharding constraint inside the loop. Its arguments
+# must be strings, so the mesh is named by `mesh_key` (the same mesh gives the same key).
+_MESHES: dict[str, Mesh] = {}
+
+
+def mesh_key(mesh: Mesh) -> str:
+    """A string naming `mesh` in a custom op's arguments (custom ops take no Python objects)."""
+    key = repr((mesh.device_ids.tolist(), mesh.mesh_shape, mesh.axis_names))
+    _MESHES.setdefault(key, mesh)
+    return key
+
+
+def mesh_from_key(key: str) -> Mesh:
+    """The mesh `mesh_key` named."""
+    return _MESHES[key]
+
+
+@torch.library.custom_op("lazyxla::aot_mark_sharding", mutates_args=())
+def _aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+    import ast
+
+    out = t.clone()
+    mark_sharding(out, mesh_from_key(mesh), ast.literal_eval(partition_spec))
+    return out
+
+
+_aot_mark_sharding.register_fake(lambda t, mesh, partition_spec: torch.empty_like(t))
+
+
 class _ShardWithGradients(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
         ctx.mesh, ctx.spec = mesh, spec
-        out = t.clone()
-        mark_sharding(out, mesh, spec)
-        return out
+        return _aot_mark_sharding(t, mesh_key(mesh), repr(tuple(spec)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        grad = grad.clone()
-        mark_sharding(grad, ctx.mesh, ctx.spec)
-        return grad, None, None
+        return _aot_mark_sharding(grad, mesh_key(ctx.mesh), repr(tuple(ctx.spec))), None, None
 
 
 def mark_sharding_with_gradients(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,61 +56,150 @@ def apply_backward_optimization_barrier(m: nn.Module) -> None:
     m.register_full_backward_hook(barrier)
 
 
-def _fsdp_spec(p: torch.Tensor, mesh: xs.Mesh, shard_maximal: bool) -> tuple:
-    spec: list[Any] = [None] * p.dim()
-    if p.dim() == 0:
+def _fsdp_spec(t: torch.Tensor, extra_data_axis: str | None = None, maximal: bool = False) -> tuple:
+    """torch_xla's FSDPv2 partition spec: dim 0 (or the largest dim, `maximal`) over 'fsdp' (with
+    `extra_data_axis` before it); the rest replicated. An uneven split is padded by XLA."""
+    if t.dim() == 0:
         return ()
-    size = mesh.shape()["fsdp"]
-    dims = sorted(range(p.dim()), key=lambda d: -p.shape[d]) if shard_maximal else range(p.dim())
-    for d in dims:
-        if p.shape[d] % size == 0:
-            spec[d] = "fsdp"
-            break
+    spec: list[Any] = [None] * t.dim()
+    index = list(t.shape).index(max(t.shape)) if maximal else 0
+    spec[index] = (extra_data_axis, "fsdp") if extra_data_axis else "fsdp"
     return tuple(spec)
 
 
+def _shard_first_output(output: Any, mesh: xs.Mesh, extra_data_axis: str | None) -> None:
+    """FSDPv2's default `shard_output`: the output's batch dim over 'fsdp' (a tuple: its first
+    element)."""
+    real = None
+    if isinstance(output, torch.Tensor):
+        real = output
+    elif isinstance(output, tuple):
+        real = output[0] if output and isinstance(output[0], torch.Tensor) else None
+        warnings.warn(
+            "The output is a tuple, but only the first element is sharded. If this is not "
+            "intended, please provide your own shard_output callable.",
+            stacklevel=3,
+        )
+    if real is None:
+        raise RuntimeError(
+            f"The output type is not supported: {type(output)}. Please provide your own "
+            "shard_output callable."
+        )
+    xs.mark_sharding(real, mesh, _fsdp_spec(real, extra_data_axis))
+
+
 class SpmdFullyShardedDataParallel(nn.Module):
-    """FSDP through SPMD (torch_xla's FSDPv2): every parameter sharded over the mesh's 'fsdp' axis.
+    """FSDP through SPMD (torch_xla's FSDPv2): parameters sharded over the mesh's 'fsdp' axis.
+
+    Each parameter not already sharded gets its largest dim split over 'fsdp'; the forward's
+    output gets its batch dim split over 'fsdp' (`shard_output`), which makes XLA gather each
+    weight where it is used and reduce-scatter its gradient: FSDP's algorithm, by the compiler.
 
     Args:
-        module: the model (already on the lazyxla device).
+        module: the model; moved to the lazyxla device if it is not there.
         mesh: a mesh with an 'fsdp' axis (default: the global mesh).
-        shard_output: `f(output, mesh)` annotating the output; default shards the output's
-            batch dim over 'fsdp'.
-        auto_wrap_policy: accepted for torch_xla compatibility; every parameter is sharded
-            whatever the policy, so the math is the same.
+        shard_output: `f(output, mesh)` annotating the output; default: the output (or the first
+            element of a tuple) sharded over 'fsdp' on dim 0.
+        auto_wrap_policy: a `torch_xla.distributed.fsdp.wrap` policy: the submodules it selects
+            (e.g. each decoder layer) are wrapped first, each its own FSDPv2 (their parameters
+            are sharded the same way; each gets its output sharded and its backward barrier).
+        auto_wrapper_callable: what wraps those submodules, called as `f(module, mesh=...,
+            shard_output=...)` (default: this class).
+        extra_data_axis: a second data-parallel mesh axis, sharded together with 'fsdp'.
+
+    Attributes the wrapper does not have are looked up on the wrapped module (`model.layers`),
+    and indexing reaches it too (`model[0]` for an `nn.Sequential`).
     """
 
     def __init__(
         self,
         module: nn.Module,
+        *,
         mesh: xs.Mesh | None = None,
         shard_output: Callable[[Any, xs.Mesh], None] | None = None,
-        auto_wrap_policy: Any = None,
-        shard_maximal: bool = False,
+        auto_wrap_policy: Callable[..., bool] | None = None,
+        auto_wrapper_callable: Callable[..., nn.Module] | None = None,
+        extra_data_axis: str | None = None,
     ) -> None:
-        super().__init__()
-        mesh = mesh if mesh is not None else xs.get_global_mesh()
-        if mesh is None:
-            raise ValueError(
-                "SpmdFullyShardedDataParallel needs a mesh: pass mesh= or set_global_mesh"
+        if isinstance(module, SpmdFullyShardedDataParallel):
+            raise RuntimeError(
+                "Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, first "
+                "wrap the inner child modules before wrapping the outer parent module."
             )
+        forward = getattr(type(module), "forward", None)
+        if forward is None or forward is nn.Module.forward:
+            raise RuntimeError(
+                f"SpmdFullyShardedDataParallel wraps modules that define `forward`; "
+                f"{type(module).__name__} does not (do not wrap nn.ModuleList or nn.ModuleDict: "
+                "wrap the module that calls them)"
+            )
+        if mesh is None:
+            mesh = xs.get_global_mesh()
+            if mesh is None:
+                raise ValueError(
+                    "No mesh is provided and no global mesh is set. Please provide a mesh."
+                )
         if mesh.axis_names is None or "fsdp" not in mesh.axis_names:
-            raise ValueError(f"the mesh needs an axis named 'fsdp'; it has {mesh.axis_names}")
-        self.module = module
+            raise ValueError(f"The mesh must have an axis named 'fsdp'; it has {mesh.axis_names}.")
+        if extra_data_axis and extra_data_axis not in mesh.axis_names:
+            raise ValueError(f"The provided {extra_data_axis} axis is not in the mesh.")
+        super().__init__()
+        if auto_wrap_policy is not None:
+            from .fsdp_wrap import recursive_wrap
+
+            for name, m in module.named_modules():
+                if isinstance(m, SpmdFullyShardedDataParallel):
+                    raise ValueError(
+                        f"Expected {name} to NOT be SpmdFullyShardedDataParallel if using an "
+                        "`auto_wrap_policy`"
+                    )
+            wrapper_cls = auto_wrapper_callable or SpmdFullyShardedDataParallel
+
+            def wrap(m: nn.Module) -> nn.Module:
+                return wrapper_cls(m, mesh=mesh, shard_output=shard_output)
+
+            recursive_wrap(module, auto_wrap_policy, wrap, only_wrap_children=True)
+
+        from .tensor import DEVICE_TYPE
+
+        if any(p.device.type != DEVICE_TYPE for p in module.parameters()):
+            from .api import device
+
+            module = module.to(device())
+        self._orig_module = module
         self._mesh = mesh
-        self._shard_output = shard_output
+        # Parameters already sharded (by an inner wrapper, or by the user) keep their sharding.
         for p in module.parameters():
-            xs.mark_sharding(p, mesh, _fsdp_spec(p, mesh, shard_maximal))
+            if not xs.sharding_spec(p):
+                xs.mark_sharding(p, mesh, _fsdp_spec(p, maximal=True))
+        apply_backward_optimization_barrier(module)
+        if shard_output is None:
+
+            def shard_output(output: Any, mesh: xs.Mesh) -> None:
+                _shard_first_output(output, mesh, extra_data_axis)
+
+        self._shard_output = shard_output
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module (as DDP's `.module`)."""
+        return self._orig_module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.module(*args, **kwargs)
-        if self._shard_output is not None:
-            self._shard_output(out, self._mesh)
-        elif isinstance(out, torch.Tensor) and out.dim() > 0:
-            if out.shape[0] % self._mesh.shape()["fsdp"] == 0:
-                xs.mark_sharding(out, self._mesh, ("fsdp",) + (None,) * (out.dim() - 1))
-        return out
+        output = self.module(*args, **kwargs)
+        self._shard_output(output, self._mesh)
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the wrapper lacks come from the wrapped module (`model.layers`)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+    def __getitem__(self, key: Any) -> nn.Module:
+        """Indexing reaches the wrapped module (an `nn.Sequential`)."""
+        return self.module.__getitem__(key)
 
 
 # --- pictures ------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ or read through it) and swapped into the tensor's own storage object, which keep
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import weakref
@@ -209,6 +210,37 @@ class _BackendModule:
     def get_amp_supported_dtype() -> list[torch.dtype]:
         return [torch.bfloat16, torch.float16]
 
+    # The stream API libraries use to overlap copies (torch.distributed.checkpoint's writer):
+    # lazyxla has one in-order stream per device; synchronizing waits for every computation.
+    @staticmethod
+    def current_stream(device: Any = None) -> _Stream:
+        return _STREAM
+
+    @staticmethod
+    def stream(stream: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        _STREAM.synchronize()
+
+
+class _Stream:
+    """The device's single stream (see `_BackendModule.current_stream`)."""
+
+    device_type = DEVICE_TYPE
+
+    def synchronize(self) -> None:
+        from . import xla_model
+
+        xla_model.wait_device_ops()
+
+    def wait_stream(self, other: Any) -> None:
+        pass  # one in-order stream: nothing to wait for
+
+
+_STREAM = _Stream()
+
 
 def _register_device() -> None:
     if torch._C._get_privateuse1_backend_name() == DEVICE_TYPE:
@@ -305,6 +337,8 @@ _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_layout = torch.ops.aten.as_strided_.default._handle.redispatch_boxed
 _DEVICE = torch.device(DEVICE_TYPE, 0)
 _next_address = [1 << 44]  # see Note [Fake data pointers]
+_counters = metrics._counters
+_CREATE = "CreateXlaTensor"
 
 
 def _reserve(nbytes: int) -> int:
@@ -344,7 +378,7 @@ def new_tensor(
     if stride is not None or 0 in spec.shape:  # (create_empty_tensor's strides differ for empty)
         _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), 0)
     st._lx = LazyState(value, spec, stride)
-    metrics.counter_inc("CreateXlaTensor")
+    _counters[_CREATE] = _counters.get(_CREATE, 0) + 1  # metrics.counter_inc, inlined
     return t
 
 
@@ -355,11 +389,13 @@ def new_view(
     stride: tuple[int, ...] | None = None,
     offset: int = 0,
     root: LazyState | None = None,
+    overlap: bool | None = None,
 ) -> torch.Tensor:
     """A lazy tensor viewing `parent` through `op`; writes to it reach the parent's base.
 
     `stride`/`offset`: eager's layout for the view (None/0: contiguous at the storage start);
-    `root`: `op` reads the root base itself (as_strided), not `parent`."""
+    `root`: `op` reads the root base itself (as_strided), not `parent`; `overlap`: whether the
+    layout's elements share locations, if known (`overlaps`)."""
     ps = state(parent)
     base = ps.base or ps
     value = op.apply(read(root or ps))
@@ -370,7 +406,9 @@ def new_view(
     if stride is not None or offset or 0 in spec.shape:
         _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), offset)
     s = LazyState(value, spec, None)
-    s.overlaps = stride is not None and overlaps(spec.shape, stride)
+    if overlap is None:
+        overlap = stride is not None and overlaps(spec.shape, stride)
+    s.overlaps = overlap
     s.base = base
     if root is not None:
         s.chain = (op,)
@@ -378,7 +416,7 @@ def new_view(
         s.chain = (*ps.chain, op) if ps.base is not None else (op,)
     s.seen = base.version
     st._lx = s
-    metrics.counter_inc("CreateXlaTensor")
+    _counters[_CREATE] = _counters.get(_CREATE, 0) + 1
     return t
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-from . import distributed
+from . import collectives, distributed
 
 _REDUCE_OPS = (
     (dist.ReduceOp.SUM, "sum"),
@@ -39,6 +39,15 @@ def _reduce_type(op: Any) -> str:
         f"the xla process group has no {op} reduction (it has SUM, PRODUCT, MIN, MAX, BAND, "
         "BOR, AVG)"
     )
+
+
+def _from_array(arr: Any, like: torch.Tensor) -> torch.Tensor:
+    """A lazy tensor holding device array `arr` (with `like`'s dtype)."""
+    from .ir import TensorSpec, device_data
+    from .tensor import new_tensor
+
+    spec = TensorSpec(tuple(arr.shape), like.dtype)
+    return new_tensor((device_data(arr, spec), 0), spec)
 
 
 def _done(result: Any) -> Any:
@@ -236,16 +245,26 @@ class ProcessGroupXla(ProcessGroup):
         return self.reduce_scatter(outputs, inputs, rs)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        raise NotImplementedError(
-            "send/recv on the xla process group: XLA runs a collective on every process, so "
-            "point-to-point transfers are a collective_permute every process records: use "
-            "xm.collective_permute(t, pairs) (or dist.all_to_all)"
-        )
+        """Each tensor to rank `dst` now (Note [Point-to-point transfers]); `dst` calls recv."""
+        for t in tensors:
+            collectives.point_to_point(t, self._global(self.rank()), self._global(dst))
+        return _done(tensors)
 
-    recv = send
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
+        """Each tensor from rank `src`, in place; `src` calls send with the same shapes."""
+        for t in tensors:
+            got = collectives.point_to_point(t, self._global(src), self._global(self.rank()))
+            with torch.no_grad():
+                t.copy_(_from_array(got, t))
+        return _done(tensors)
+
+    def _global(self, rank: int) -> int:
+        """The process of this group's `rank`."""
+        return dist.get_global_rank(self, rank) if self._groups else rank
 
 
-def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupXla:
+def _create(prefix_store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupXla:
+    """The backend's creator (torch_xla's `_create_xla_process_group`, same parameter names)."""
     from . import runtime_api
 
     if runtime_api.is_spmd():
@@ -253,11 +272,12 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupXla:
             "the xla process group is for one process per device; in SPMD mode use a gloo "
             "process group for host-side coordination"
         )
-    return ProcessGroupXla(store, rank, size, timeout)
+    return ProcessGroupXla(prefix_store, rank, size, timeout)
 
 
 def register() -> None:
     """Register the `xla` backend and `xla://` init method (idempotent)."""
+    collectives.register_functional_collectives()
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _create, devices=["jax"])
     try:

@@ -79,6 +79,25 @@ def xla_real_devices(devices: Sequence[torch.device | str] | None = None) -> lis
     return [_real_device(d) for d in devices]
 
 
+def xla_replication_devices(local_devices: Sequence[torch.device | str] | None = None) -> list[str]:
+    """The runtime devices a computation over `local_devices` replicates on (torch_xla's): every
+    device of their one kind, which they must all be."""
+    local = list(local_devices) if local_devices is not None else api.devices()
+    real = xla_real_devices(local)
+    kinds = {r.split(":")[0] for r in real}
+    if len(kinds) != 1:
+        raise RuntimeError(
+            f"Cannot replicate across different device types: devices={local}/{real}"
+        )
+    kind = kinds.pop()
+    of_kind = [d for d in api.real_devices() if d.split(":")[0] == kind]
+    if len(of_kind) != len(local) and not runtime_api.is_spmd():
+        raise RuntimeError(
+            f"Cannot replicate if number of devices ({len(local)}) is different from {len(of_kind)}"
+        )
+    return of_kind
+
+
 def get_ordinal() -> int:
     """This process's global ordinal: 0."""
     return runtime_api.global_ordinal()
@@ -114,9 +133,9 @@ def is_xla_tensor(tensor: torch.Tensor) -> bool:
 
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
-    """Run the pending graph, then the step closures (torch_xla's spelling of `sync`)."""
-    del reset_scope
-    graph.sync(wait=wait)
+    """Run the pending graph, then the step closures (torch_xla's spelling of `sync`; see
+    `lazyxla.sync` for `reset_scope`)."""
+    api.sync(wait=wait, reset_scope=reset_scope)
 
 
 def wait_device_ops(devices: Sequence[Any] = ()) -> None:
@@ -154,10 +173,13 @@ def reduce_gradients(
     """Average the gradients of `optimizer`'s parameters over the replicas (in place).
 
     With one replica there is nothing to do. Over several processes it records one all-reduce of
-    every gradient (scaled by 1/world size) into the step's graph. `pin_layout` is accepted for
-    torch_xla's signature: XLA chooses layouts here, and no layout is left to pin.
+    every gradient (scaled by 1/world size) into the step's graph. `pin_layout`: torch_xla pins
+    the all-reduce operands' layouts so every replica's program agrees; here every graph input and
+    output already has XLA's default layout (JAX pins them), so True is what happens, and False
+    (let XLA choose) is a hint left unused; anything but a bool is refused.
     """
-    del pin_layout
+    if not isinstance(pin_layout, bool):
+        raise TypeError(f"reduce_gradients(pin_layout=...) takes a bool, got {pin_layout!r}")
     count = runtime_api.world_size()
     if count <= 1 or not collectives.active():
         _check_groups(groups, "reduce_gradients")
@@ -183,7 +205,7 @@ def optimizer_step(
         barrier: also `mark_step()` afterwards (for loops that do not use a device loader).
         optimizer_args: keyword arguments of `optimizer.step`.
         groups: replica groups of the gradient all-reduce (None: all replicas).
-        pin_layout: accepted for torch_xla's signature (see `reduce_gradients`).
+        pin_layout: see `reduce_gradients`.
 
     Returns:
         What `optimizer.step` returned.
@@ -266,15 +288,18 @@ def send_cpu_data_to_device(
 ) -> Any:
     """Copy every CPU tensor in a nested structure to `device`.
 
-    As in torch_xla, a bare tensor comes back as a one-element list.
+    As in torch_xla, a bare tensor comes back as a one-element list. `input_sharding` (an SPMD
+    `ShardingSpec`) shards each tensor whose rank it fits; in SPMD mode the others are annotated
+    replicated, as torch_xla's SPMD uploads are.
     """
-    if input_sharding is not None:
-        raise NotImplementedError(
-            "send_cpu_data_to_device(input_sharding=...) needs lazyxla's SPMD support"
-        )
+    from .sharding import upload_batch_tensor
+
     if isinstance(datas, torch.Tensor):
         datas = [datas]
-    return _map_tensors(datas, lambda t: t.to(device) if t.device.type == "cpu" else t)
+    return _map_tensors(
+        datas,
+        lambda t: upload_batch_tensor(t, input_sharding, device) if t.device.type == "cpu" else t,
+    )
 
 
 class RateTracker:
@@ -477,6 +502,17 @@ def all_reduce(
         for t, o in zip(inputs, out):
             t.copy_(o)
         return inputs
+    if collectives.active() and torch.compiler.is_compiling() and not groups:
+        # Under dynamo: torch's functional collective, which it traces into the graph (its
+        # lazyxla kernel records the collective when the graph runs), as torch_xla does.
+        out = [torch.ops._c10d_functional.all_reduce(t, reduce_type, "") for t in tensors]
+        out = [torch.ops._c10d_functional.wait_tensor(o) for o in out]
+        out = [o * scale if scale != 1.0 else o for o in out]
+        if isinstance(inputs, torch.Tensor):
+            return out[0]
+        for t, o in zip(inputs, out):
+            t.copy_(o)
+        return inputs
     if collectives.active():  # Note [Cross-process collectives]
         out = collectives.all_reduce(tensors, reduce_type, scale, groups)
         if isinstance(inputs, torch.Tensor):
@@ -507,19 +543,25 @@ def all_gather(
     mesh = manual.in_manual_region([value])
     if mesh is not None:
         result = manual.all_gather(value, mesh, dim, groups)
-        if output is not None:
-            output.copy_(result)
-            return output
-        return result
-    if collectives.active():
+    elif collectives.active():
         result = collectives.all_gather(value, dim, groups)
     else:
         _check_groups(groups, "all_gather")
         result = torch.cat([value], dim=dim)
-    if output is not None:
-        output.copy_(result)
-        return output
-    return result
+    if output is None:
+        return result
+    _write_out(output, result)
+    return output
+
+
+def _write_out(output: torch.Tensor, result: torch.Tensor) -> None:
+    """A collective's `output=` tensor takes the result, as torch_xla's `_out` entry points
+    set it: a copy when the shapes agree, else the output becomes the result (its shape too)."""
+    with torch.no_grad():
+        if output.shape == result.shape:
+            output.copy_(result)
+        else:
+            output.data = result
 
 
 def reduce_scatter(
@@ -538,48 +580,67 @@ def reduce_scatter(
     """
     del pin_layout
     _check_reduce_type(reduce_type)
-    mesh = manual.in_manual_region([input] if isinstance(input, torch.Tensor) else list(input))
-    if mesh is not None and isinstance(input, torch.Tensor):
-        result = manual.reduce_scatter(input, mesh, reduce_type, scale, scatter_dim, groups)
-        if output is not None:
-            output.copy_(result)
-            return output
-        return result
-    if collectives.active():
-        if isinstance(input, torch.Tensor):
-            result = collectives.reduce_scatter(
-                input, reduce_type, scale, scatter_dim, shard_count, groups
-            )
-            if output is not None:
-                output.copy_(result)
-                return output
-            return result
+    single = isinstance(input, torch.Tensor)
+    inputs = [input] if single else list(input)
+    mesh = manual.in_manual_region(inputs)
+    if mesh is not None and single:
+        results = [manual.reduce_scatter(input, mesh, reduce_type, scale, scatter_dim, groups)]
+    elif collectives.active():
         results = [
             collectives.reduce_scatter(t, reduce_type, scale, scatter_dim, shard_count, groups)
-            for t in input
+            for t in inputs
         ]
-        if output is not None:
-            for o, r in zip(output, results, strict=True):
-                o.copy_(r)
-            return output
+    else:
+        _check_groups(groups, "reduce_scatter")
+        if shard_count != 1:
+            raise ValueError(
+                f"reduce_scatter: shard_count={shard_count} must equal the number of replicas (1)"
+            )
+        results = [_scaled(t, scale) for t in inputs]
+    if output is None:
+        return results[0] if single else results
+    for o, r in zip([output] if single else output, results, strict=True):
+        _write_out(o, r)
+    return output
+
+
+def all_gather_bucketized(
+    input_list: list[torch.Tensor],
+    dim: int = 0,
+    groups: Any = None,
+    output: list[torch.Tensor] | None = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> list[torch.Tensor]:
+    """`all_gather` of each tensor of `input_list`. torch_xla fills buckets of `bucket_cap_mb`
+    to coalesce the collectives; here they are all in the step's graph, where XLA combines them."""
+    if pin_layout:
+        raise RuntimeError("For xm.all_gather_bucketized, pin_layout=True is not yet supported.")
+    results = [all_gather(t, dim, groups) for t in input_list]
+    if output is None:
         return results
-    _check_groups(groups, "reduce_scatter")
-    if shard_count != 1:
-        raise ValueError(
-            f"reduce_scatter: shard_count={shard_count} must equal the number of replicas (1)"
+    for o, r in zip(output, results, strict=True):
+        _write_out(o, r)
+    return output
+
+
+def reduce_scatter_bucketized(
+    reduce_type: str,
+    input_list: torch.Tensor | list[torch.Tensor],
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Any = None,
+    output: torch.Tensor | list[torch.Tensor] | None = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> torch.Tensor | list[torch.Tensor]:
+    """`reduce_scatter` of each tensor of `input_list` (buckets: see `all_gather_bucketized`)."""
+    if pin_layout:
+        raise RuntimeError(
+            "For xm.reduce_scatter_bucketized, pin_layout=True is not yet supported."
         )
-    if isinstance(input, torch.Tensor):
-        result = _scaled(input, scale)
-        if output is not None:
-            output.copy_(result)
-            return output
-        return result
-    results = [_scaled(t, scale) for t in input]
-    if output is not None:
-        for o, r in zip(output, results, strict=True):
-            o.copy_(r)
-        return output
-    return results
+    return reduce_scatter(reduce_type, input_list, scale, scatter_dim, shard_count, groups, output)
 
 
 def all_to_all(
@@ -628,6 +689,21 @@ def collective_broadcast(
             keep = torch.tensor(1 if me == root_ordinal else 0, dtype=t.dtype).to(t.device)
             t.mul_(keep)
         all_reduce(REDUCE_SUM, list(tensors), groups=groups)
+
+
+def send(value: torch.Tensor, channel_id: int) -> torch.Tensor:
+    """torch_xla's XLA `Send` by channel id: not available (see the error)."""
+    raise NotImplementedError(
+        "xm.send/xm.recv pair XLA Send/Recv ops by channel id inside one compiled program; "
+        "lazyxla's processes run separate programs. Use torch.distributed.send/recv on the "
+        "'xla' process group (dist.init_process_group('xla', init_method='xla://')), or "
+        "xm.collective_permute(t, pairs) when every process takes part"
+    )
+
+
+def recv(output: torch.Tensor, channel_id: int) -> torch.Tensor:
+    """torch_xla's XLA `Recv` by channel id: not available (see `send`)."""
+    return send(output, channel_id)
 
 
 def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> torch.Tensor:

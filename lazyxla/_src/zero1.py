@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from . import runtime_api
+from . import collectives, runtime_api
 from . import xla_model as xm
 
 
@@ -86,16 +86,6 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     # --- sharding ------------------------------------------------------------------------------
 
-    def _padded(self, t: torch.Tensor) -> torch.Tensor:
-        flat = t.reshape(-1)
-        pad = (-flat.numel()) % self.world_size
-        return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
-
-    def _shard_of(self, t: torch.Tensor) -> torch.Tensor:
-        flat = self._padded(t)
-        size = flat.numel() // self.world_size
-        return flat[self.rank * size : (self.rank + 1) * size]
-
     def init_zero(self) -> None:
         """Make the shards and the wrapped optimizer over them."""
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
@@ -104,9 +94,8 @@ class ZeroRedundancyOptimizer(Optimizer):
             shards = []
             for p in group["params"]:
                 with torch.no_grad():
-                    shard = torch.nn.Parameter(
-                        self._shard_of(p.detach()).to(self.optimizer_dtype).clone()
-                    )
+                    mine = collectives.flat_shard(p.detach(), self.world_size, self.rank)
+                    shard = torch.nn.Parameter(mine.to(self.optimizer_dtype).clone())
                 self.pairs.append((p, shard))
                 shards.append(shard)
             shard_groups.append(
@@ -143,7 +132,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             if p.grad is None:
                 shard.grad = None
                 continue
-            g = self._padded(p.grad)
+            g = collectives.padded_flat(p.grad, self.world_size)
             if self.higher_cc_precision:
                 g = g.float()
             reduced = xm.reduce_scatter("sum", g, scale, 0, self.world_size)

@@ -10,18 +10,26 @@ from .._src.jax_interop import _CACHE as _JAX_TO_XLA_COMPUTATION_CACHE
 from .._src.jax_interop import cache_size as _jax_to_xla_computation_cache_elements
 from .._src.jax_interop import call_jax as call_jax
 from .._src.op_builder import XLA_PT_TYPE_MAP as _XLA_PT_TYPE_MAP
+from .._src.op_builder import Computation as Computation
 from .._src.op_builder import Op as Op
 from .._src.op_builder import Shape as Shape
 from .._src.op_builder import Type as Type
+from .._src.op_builder import create_computation as create_computation
+from .._src.op_builder import get_computation_hlo as get_computation_hlo
 from .._src.op_builder import tensor_shape as tensor_shape
+from .._src.op_builder import xla_computation_as_func as xla_computation_as_func
 
 __all__ = [
     "_JAX_TO_XLA_COMPUTATION_CACHE",
     "_XLA_PT_TYPE_MAP",
     "_jax_to_xla_computation_cache_elements",
+    "Computation",
     "Op",
     "Shape",
     "Type",
     "call_jax",
+    "create_computation",
+    "get_computation_hlo",
     "tensor_shape",
+    "xla_computation_as_func",
 ]

@@ -14,6 +14,7 @@ from .._src.xla_model import REDUCE_SUM as REDUCE_SUM
 from .._src.xla_model import RateTracker as RateTracker
 from .._src.xla_model import add_step_closure as add_step_closure
 from .._src.xla_model import all_gather as all_gather
+from .._src.xla_model import all_gather_bucketized as all_gather_bucketized
 from .._src.xla_model import all_reduce as all_reduce
 from .._src.xla_model import all_to_all as all_to_all
 from .._src.xla_model import collective_broadcast as collective_broadcast
@@ -33,10 +34,13 @@ from .._src.xla_model import master_print as master_print
 from .._src.xla_model import mesh_reduce as mesh_reduce
 from .._src.xla_model import optimization_barrier_ as optimization_barrier_
 from .._src.xla_model import optimizer_step as optimizer_step
+from .._src.xla_model import recv as recv
 from .._src.xla_model import reduce_gradients as reduce_gradients
 from .._src.xla_model import reduce_scatter as reduce_scatter
+from .._src.xla_model import reduce_scatter_bucketized as reduce_scatter_bucketized
 from .._src.xla_model import rendezvous as rendezvous
 from .._src.xla_model import save as save
+from .._src.xla_model import send as send
 from .._src.xla_model import send_cpu_data_to_device as send_cpu_data_to_device
 from .._src.xla_model import set_rng_state as set_rng_state
 from .._src.xla_model import unlazy as unlazy
@@ -44,6 +48,7 @@ from .._src.xla_model import wait_device_ops as wait_device_ops
 from .._src.xla_model import xla_device as xla_device
 from .._src.xla_model import xla_device_hw as xla_device_hw
 from .._src.xla_model import xla_real_devices as xla_real_devices
+from .._src.xla_model import xla_replication_devices as xla_replication_devices
 from .._src.xla_model import xrt_world_size as xrt_world_size
 
 __all__ = [
@@ -56,6 +61,7 @@ __all__ = [
     "RateTracker",
     "add_step_closure",
     "all_gather",
+    "all_gather_bucketized",
     "all_reduce",
     "all_to_all",
     "collective_broadcast",
@@ -73,12 +79,15 @@ __all__ = [
     "master_print",
     "optimization_barrier_",
     "optimizer_step",
+    "recv",
     "reduce_scatter",
+    "reduce_scatter_bucketized",
     "save",
     "get_xla_supported_devices",
     "reduce_gradients",
     "mesh_reduce",
     "rendezvous",
+    "send",
     "send_cpu_data_to_device",
     "set_rng_state",
     "unlazy",
@@ -86,5 +95,6 @@ __all__ = [
     "xla_device",
     "xla_device_hw",
     "xla_real_devices",
+    "xla_replication_devices",
     "xrt_world_size",
 ]

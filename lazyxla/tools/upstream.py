@@ -74,6 +74,18 @@ EXAMPLE_ARGS = {
         "--intermediate-size=1024",
     ],
 }
+# Decoder-only examples that take no size flags: their model and step count are shrunk to the base
+# example's flags above by the generated sitecustomize (it patches the defaults of
+# `decoder_only_model.DecoderOnlyConfig` and `TrainDecoderOnlyBase(num_steps=)` as they are
+# imported; no file of the checkout changes). At torch_xla's default sizes (intermediate size
+# 32768) each needs more than the memory limit.
+SHRINK = {"config": {"hidden_size": 256, "intermediate_size": 1024}, "num_steps": 12}
+SHRINK_ENV = "LAZYXLA_UPSTREAM_SHRINK"
+EXAMPLE_SHRINK = (
+    "examples/eager/*",
+    "examples/flash_attention/*",
+    "examples/fsdp/train_decoder_only_fsdp_v2.py",
+)
 EXAMPLE_SKIP = {
     "examples/decoder_only_model.py": "a model definition, not a program",
 }
@@ -213,6 +225,8 @@ def discover(ptxla: str) -> tuple[list[Item], dict[str, str]]:
                 continue
             multi = any(k in rel for k in ("spmd", "fsdp", "ddp", "data_parallel"))
             env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4" if multi else "1"}
+            if any(fnmatch.fnmatch(rel, g) for g in EXAMPLE_SHRINK):
+                env[SHRINK_ENV] = json.dumps(SHRINK, separators=(",", ":"))
             items.append(Item("example", rel, env, list(EXAMPLE_ARGS.get(rel, []))))
     return items, excluded
 
@@ -307,6 +321,45 @@ import os
 if os.environ.get("LAZYXLA_UPSTREAM_ALIAS") == "1":
     import lazyxla.compat
     lazyxla.compat.install()
+if os.environ.get("LAZYXLA_UPSTREAM_SHRINK"):
+    # Shrink pytorch/xla's decoder-only examples as they are imported (see SHRINK in upstream.py).
+    import importlib.abc, json, sys
+
+    _shrink = json.loads(os.environ["LAZYXLA_UPSTREAM_SHRINK"])
+
+    def _with_defaults(init, defaults):
+        def __init__(self, *args, **kwargs):
+            for k, v in defaults.items():
+                kwargs.setdefault(k, v)
+            init(self, *args, **kwargs)
+        return __init__
+
+    def _patch(name, module):
+        if name == "decoder_only_model":
+            cls = module.DecoderOnlyConfig
+            cls.__init__ = _with_defaults(cls.__init__, _shrink["config"])
+        elif name == "train_decoder_only_base":
+            cls = module.TrainDecoderOnlyBase
+            cls.__init__ = _with_defaults(cls.__init__, {"num_steps": _shrink["num_steps"]})
+
+    class _ShrinkFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in ("decoder_only_model", "train_decoder_only_base"):
+                return None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    run = spec.loader.exec_module
+                    def exec_module(module, run=run, name=name):
+                        run(module)
+                        _patch(name, module)
+                    spec.loader.exec_module = exec_module
+                    return spec
+            return None
+
+    sys.meta_path.insert(0, _ShrinkFinder())
 """
 
 
@@ -683,6 +736,10 @@ def report(
         if _status(r) == "failed" and r.get("errors"):
             trend = (trend + " " if trend else "") + f"`{r['errors'][-1][:120]}`"
         flags = " ".join(r.get("args", []))
+        if SHRINK_ENV in r.get("env", {}):
+            shrink = json.loads(r["env"][SHRINK_ENV])
+            sizes = {**shrink["config"], "num_steps": shrink["num_steps"]}
+            flags += " shrunk: " + ", ".join(f"{k}={v}" for k, v in sizes.items())
         out.append(f"| {r['path']} | {_status(r)} | {flags} | {trend} | {r['seconds']} |")
     out += ["", "## Failures by cause", "", "Each cause: the exception's first line, normalised "]
     out[-1] += "(numbers → N); the count of cases, and up to five of them."

@@ -165,8 +165,34 @@ def test_assume_pure_values_grads_and_one_compile():
     torch.testing.assert_close(pure._module.weight.grad.cpu(), ref_mod.weight.grad)
 
 
-def test_assume_pure_rng_seed_argument_is_refused():
+def test_assume_pure_rng_seed_argument_gives_the_seeds_numbers_on_every_call():
     from lazyxla.experimental.assume_pure import assume_pure
 
-    with pytest.raises(NotImplementedError, match="set_rng_state"):
-        assume_pure(lambda a: a + torch.randn_like(a), add_rng_seed_argument=True)
+    def add_rand(a):
+        return a * 2 + torch.rand_like(a)
+
+    f = assume_pure(add_rand, add_rng_seed_argument=True)
+    x = torch.randn(4, 4)
+    a = x.to(dev)
+    with pytest.raises(AssertionError, match="rng_seed"):
+        f(a)
+    with pytest.raises(TypeError, match="rng_seed must be an int"):
+        f(a, rng_seed=0.5)
+    lazyxla.manual_seed(7)
+    first = f(a, rng_seed=0).cpu()  # the tracing call
+    met.clear_all()
+    again = f(a, rng_seed=0).cpu()  # replays
+    other = f(a, rng_seed=1).cpu()
+    from_tensor = f(a, rng_seed=torch.tensor(1)).cpu()
+    assert met.counter_value("UncachedCompile") in (None, 0)  # a new seed is new data only
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    torch.testing.assert_close(other, from_tensor, rtol=0, atol=0)
+    assert not torch.equal(first, other)
+    noise = first - x * 2  # the deterministic part is eager's; the noise is uniform [0, 1)
+    assert bool(((noise >= 0) & (noise < 1)).all())
+    # The caller's RNG stream is its own: seeded calls neither reset nor advance it.
+    lazyxla.manual_seed(7)
+    want = torch.rand(3, device=dev).cpu()
+    lazyxla.manual_seed(7)
+    f(a, rng_seed=3)
+    torch.testing.assert_close(torch.rand(3, device=dev).cpu(), want, rtol=0, atol=0)

@@ -23,6 +23,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 import torch_xla.runtime as xr
 from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+from torch_xla.distributed.fsdp import consolidate_sharded_model_checkpoints
 from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 
@@ -67,7 +68,6 @@ def _mp_fn(index, mode, out_dir):
     dev = torch_xla.device()
     model, xs, ys = model_and_data()
     model = model.to(dev)
-    names = {id(m): n for n, m in model.named_modules()}
     if mode in ("fsdp", "fsdp_wrap"):
         policy = None
         if mode == "fsdp_wrap":  # each Linear its own unit, the root holds the rest
@@ -101,15 +101,13 @@ def _mp_fn(index, mode, out_dir):
     for step, (a, b) in enumerate(zip(losses, want)):
         if abs(a - b) > 1e-5 * abs(b):
             raise AssertionError(f"rank {rank} step {step}: loss {a} vs eager {b}")
-    if mode.startswith("fsdp"):  # gather every unit's shards back into full parameters
-        params = {}
-        for unit in [m for m in model.modules() if isinstance(m, FSDP)]:
-            for (owner, pname), (shape, numel), shard in zip(
-                unit._owners, unit._meta, unit.sharded_params
-            ):
-                full = xm.all_gather(shard.detach(), 0)[:numel].reshape(shape)
-                params[f"{names[id(owner)]}.{pname}"] = full.cpu()
-        params = [params[k] for k in want_params]
+    if mode.startswith("fsdp"):  # each rank saves its shards; the checkpoints are consolidated
+        ckpt = {"model": model.state_dict(), "shard_metadata": model.get_shard_metadata()}
+        prefix = os.path.join(out_dir, f"{mode}_ckpt")
+        xm.save(ckpt, f"{prefix}_rank{rank}.pth", master_only=False)
+        full, _ = consolidate_sharded_model_checkpoints(prefix, "_rank*.pth", save_model=False)
+        assert list(full) == list(want_params), (list(full), list(want_params))
+        params = list(full.values())
     else:
         params = [p.detach().cpu() for p in model.parameters()]
     want_params = list(want_params.values())

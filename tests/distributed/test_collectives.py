@@ -20,3 +20,11 @@ def test_every_collective_matches_numpy(tmp_path, n):
         assert s["compiles"][0] >= 1 and s["compiles"][1] == s["compiles"][0]
         assert s["rendezvous"] == [f"r{i}" for i in range(n)]
         assert s["mesh_reduce"] == n * (n + 1) // 2
+
+
+def test_send_and_recv_between_two_of_three_processes(tmp_path):
+    run_launch("progs_p2p.py", 3, [])
+
+
+def test_collectives_inside_torch_compile_chain_with_recorded_ones():
+    run_launch("progs_compiled.py", 2, [])

@@ -74,7 +74,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from .. import dispatch
+    from .. import dispatch, recording
     from . import special
     from .shape import SCATTERS, VIEWS
 
@@ -85,7 +85,7 @@ def install() -> None:
         elif op in VIEWS:
             dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
         else:
-            dispatch.register_kernel(op, dispatch.functional_kernel(op, lw))
+            dispatch.register_kernel(op, recording.functional_kernel(op, lw))
     # Derived variants: every in-place and out= overload of a lowered packet.
     packets = {op._schema.name.split("::", 1)[1] for op in functional}
     for name in packets:
@@ -117,8 +117,8 @@ def register_lowering(op: OpOverload, rule, **options) -> None:
     Example:
         >>> register_lowering(torch.ops.mylib.scale.default, lambda x, s: x * s)
     """
-    from .. import dispatch
+    from .. import dispatch, recording
     from .registry import register
 
     register(op, rule, **options)
-    dispatch.register_kernel(op, dispatch.functional_kernel(op, LOWERINGS[op]))
+    dispatch.register_kernel(op, recording.functional_kernel(op, LOWERINGS[op]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ..runtime import jnp_dtype
@@ -147,3 +148,31 @@ def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
 @lowering(aten.eye.m)
 def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.eye(n, m, dtype=_dt(dtype))
+
+
+@lowering(aten.logspace.default, static=("start", "end"))
+def logspace(
+    start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None
+):
+    dt = jnp_dtype(dtype if dtype is not None else torch.get_default_dtype())
+    if jnp.issubdtype(dt, jnp.integer):  # eager: integer bounds, float64 exponents
+        exps = eager_linspace(int(start), int(end), steps, jnp.float64)
+        return jnp.power(float(base), exps).astype(dt)
+    acc = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt  # rounded once
+    return jnp.power(jnp.asarray(base, acc), eager_linspace(start, end, steps, acc)).astype(dt)
+
+
+def _tri_indices(row, col, offset, lower):
+    r, c = np.indices((row, col))
+    keep = (c - r <= offset) if lower else (c - r >= offset)
+    return np.stack([r[keep], c[keep]])
+
+
+@lowering(aten.triu_indices.default)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(_tri_indices(row, col, offset, False), jnp.int64)
+
+
+@lowering(aten.tril_indices.default)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(_tri_indices(row, col, offset, True), jnp.int64)

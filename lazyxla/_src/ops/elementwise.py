@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import is_const, lowering, register, to_opmath
+from .registry import float_operand, is_const, lowering, register, to_opmath
 
 aten = torch.ops.aten
 
@@ -459,3 +459,86 @@ def softplus_backward(grad, x, beta, threshold):
 @lowering(aten.pow_.Scalar)
 def pow_inplace_scalar(x, y):
     return pow_(x, y)
+
+
+@lowering(aten.round.decimals)
+def round_decimals(x, *, decimals):
+    return jnp.round(float_operand(x), decimals)
+
+
+@lowering(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x)
+
+
+@lowering(aten.heaviside.default)
+def heaviside(x, values):
+    return jnp.where(x == 0, values.astype(x.dtype), (x > 0).astype(x.dtype))
+
+
+@lowering(aten.gcd.default)
+def gcd(x, y):
+    return jnp.gcd(x, y)
+
+
+@lowering(aten.lcm.default)
+def lcm(x, y):
+    return jnp.lcm(x, y)
+
+
+def _shift_dtype(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = jnp.result_type(x, y) if x.ndim else x.dtype
+    return x.astype(dt), y.astype(dt)
+
+
+@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar)
+def bitwise_left_shift(x, y):
+    x, y = _shift_dtype(x, y)
+    bits = x.dtype.itemsize * 8
+    return jnp.where((y >= bits) | (y < 0), jnp.zeros_like(x), jnp.left_shift(x, y))
+
+
+@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)
+def bitwise_right_shift(x, y):
+    x, y = _shift_dtype(x, y)
+    bits = x.dtype.itemsize * 8
+    big = (y >= bits) | (y < 0)
+    sat = (
+        jnp.where(x < 0, -1, 0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.signedinteger) else 0
+    )
+    return jnp.where(big, sat, jnp.right_shift(x, jnp.where(big, 0, y)))
+
+
+@lowering(aten.frexp.Tensor, opmath=False)  # the mantissa/exponent split of its own dtype
+def frexp(x):
+    m, e = jnp.frexp(x)
+    return m, e.astype(jnp.int32)
+
+
+@lowering(aten.angle.default)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    x = float_operand(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+
+
+@lowering(aten.polar.default)
+def polar(r, theta):
+    return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta))
+
+
+@lowering(aten.complex.default)
+def complex_(re, im):
+    return lax.complex(*jnp.broadcast_arrays(re, im))
+
+
+@lowering(aten._conj_physical.default)  # conj_physical is composite: it calls this for complex x
+def conj_physical(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x

@@ -311,3 +311,10 @@ def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memor
     from ..runtime import jnp_dtype
 
     return jnp.zeros(size, jnp_dtype(dtype) if dtype is not None else jnp.float32)
+
+
+@lowering(aten.take.default)
+def take(x, index):
+    flat = x.reshape(-1)
+    i = jnp.where(index < 0, index + flat.shape[0], index)
+    return flat[i]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import is_const, lowering, to_opmath
+from .registry import axis_of, float_operand, is_const, lowering, to_opmath
 
 aten = torch.ops.aten
 _HIGHEST = lax.Precision.HIGHEST
@@ -73,3 +75,55 @@ def dot(a, b):
 @lowering(aten.mv.default)
 def mv(a, b):
     return matmul_opmath(a, b)
+
+
+@lowering(aten.trace.default, opmath=True)
+def trace(x):
+    acc = x.astype(jnp.int64) if not jnp.issubdtype(x.dtype, jnp.inexact) else x
+    return jnp.trace(acc)
+
+
+@lowering(aten.renorm.default, static=("p",), opmath=True)  # the norm's formula depends on p
+def renorm(x, p, dim, maxnorm):
+    d = axis_of(x, dim)
+    axes = tuple(i for i in range(x.ndim) if i != d)
+    xf = float_operand(x)
+    if p == math.inf:
+        norm = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    else:
+        norm = jnp.sum(jnp.abs(xf) ** p, axis=axes, keepdims=True) ** (1.0 / p)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)
+    return xf * factor
+
+
+@lowering(aten.addmv.default, opmath=True)
+def addmv(bias, mat, vec, *, beta=1, alpha=1):
+    return add_scaled(matmul_opmath(mat, vec), bias, beta, alpha)
+
+
+@lowering(aten.addr.default, opmath=False)
+def addr(x, vec1, vec2, *, beta=1, alpha=1):
+    """Eager's kernel: elementwise beta * self + alpha * vec1 * vec2 in the result dtype, where
+    bf16/fp16 round every product and the sum (Vectorized<BFloat16> arithmetic, not opmath; alpha
+    and beta arrive rounded to the dtype, Note [Scalar precision]); beta == 0 ignores self, NaNs
+    included; bool is (beta and self) or (alpha and vec1 and vec2)."""
+    v1, v2 = vec1[:, None], vec2[None, :]
+    dt = jnp.result_type(x, v1, v2)
+    if dt == jnp.bool_:
+        out = jnp.logical_and(jnp.logical_and(alpha, v1), v2)
+        return jnp.logical_or(jnp.logical_and(beta, x), out)
+    alpha, beta = _coef(alpha, dt), _coef(beta, dt)
+    if dt in (jnp.bfloat16, jnp.float16):
+        f32 = jnp.float32
+
+        def op(a, b, fn):  # one eager op: computed in float32, rounded to the dtype
+            return fn(jnp.asarray(a).astype(f32), jnp.asarray(b).astype(f32)).astype(dt)
+    else:
+
+        def op(a, b, fn):
+            return fn(a, b)
+
+    out = op(op(alpha, v1, jnp.multiply), v2, jnp.multiply)
+    if is_const(beta, 0):
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(jnp.shape(x), out.shape))
+    return jnp.where(beta == 0, out, op(op(beta, x, jnp.multiply), out, jnp.add))

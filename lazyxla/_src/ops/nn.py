@@ -549,5 +549,15 @@ def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask
 # Attention's custom ops and the scaled_dot_product_attention kernel (Note [Blockwise attention]),
 # and torch.utils.checkpoint on lazy tensors (Note [Checkpointing]): both register on import.
 from .. import attention as _attention  # noqa: E402,F401
+from .. import einsum as _einsum  # noqa: E402,F401  (Note [Einsum kept whole])
 from .. import remat as _remat  # noqa: E402,F401
-from . import linalg_extra, losses, math_extra, pooling  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    activations,
+    decompositions,
+    distances,
+    fft,
+    losses,
+    ordering,
+    pooling,
+    special_functions,
+)

@@ -7,7 +7,7 @@ import torch
 from jax import lax
 
 from ..runtime import jnp_dtype
-from .registry import lowering
+from .registry import axis_of, lowering
 
 aten = torch.ops.aten
 
@@ -222,3 +222,51 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
         v, i = lax.top_k(-xm, k)
         v = -v
     return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
+
+
+@lowering(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, dtype=None):
+    return jnp.nansum(_acc(x, dtype), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.std_mean.correction, static=("correction",))  # as var's (reduction.py)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    d = _dims(x, dim)
+    c = 1 if correction is None else correction
+    return jnp.std(x, axis=d, ddof=c, keepdims=keepdim), jnp.mean(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    if dim is None:
+        if keepdim:
+            shape = (1,) * x.ndim
+            return jnp.min(x).reshape(shape), jnp.max(x).reshape(shape)
+        return jnp.min(x), jnp.max(x)
+    if x.ndim == 0:
+        return x, x
+    d = axis_of(x, dim)
+    return jnp.min(x, axis=d, keepdims=keepdim), jnp.max(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim):
+    return jnp.sum(x != 0, axis=_dims(x, dim), dtype=jnp.int64)
+
+
+@lowering(aten.count_nonzero.default)
+def count_nonzero_opt(x, dim=None):
+    axis = None if dim is None or x.ndim == 0 else axis_of(x, dim)
+    return jnp.sum(x != 0, axis=axis, dtype=jnp.int64)
+
+
+@lowering(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype, static=("p",))
+def norm_dim(x, p=2, dim=(), keepdim=False, *, dtype=None):
+    return vector_norm(
+        _acc(x, dtype) if dtype is not None else x, 2 if p is None else p, dim, keepdim
+    )
+
+
+@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dtype, static=("p",))
+def norm_all(x, p=2, *, dtype=None):
+    return vector_norm(_acc(x, dtype) if dtype is not None else x, 2 if p is None else p)

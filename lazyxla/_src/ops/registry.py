@@ -55,11 +55,15 @@ _OPMATH_MODULES = frozenset(
     for m in (
         "elementwise",
         "reduction",
-        "math_extra",
+        "special_functions",
+        "activations",
+        "ordering",
+        "fft",
         "losses",
         "nn",
         "pooling",
-        "linalg_extra",
+        "decompositions",
+        "distances",
         "foreach",
     )
 )
@@ -81,6 +85,23 @@ def with_opmath(rule: Callable[..., Any]) -> Callable[..., Any]:
         return rule(*map(to_opmath, args), **{k: to_opmath(v) for k, v in kwargs.items()})
 
     return run
+
+
+def float_operand(x: Any) -> Any:
+    """Reduced-precision floats computed in float32 (PyTorch's opmath); ints promoted to float."""
+    if x.dtype in _LOW or not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x.astype(jnp.float32)
+    return x
+
+
+def wrap_dim(dim: int, n: int) -> int:
+    """A possibly negative dim of an `n`-dimensional array, as a non-negative one."""
+    return dim + n if dim < 0 else dim
+
+
+def axis_of(x: Any, dim: int) -> int:
+    """`dim` of array `x` as a non-negative axis (0 for a 0-d array, as PyTorch accepts)."""
+    return wrap_dim(dim, x.ndim) if x.ndim else 0
 
 
 def is_const(v: Any, c: float) -> bool:

@@ -6,10 +6,11 @@ from typing import Any
 
 import torch
 
-from .. import graph, metrics, runtime, sharding
+from .. import error_messages, fallback, metrics, runtime
 from ..dispatch import cast_value, check_write_overlap, register_kernel
 from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
+from ..transfer import download, upload
 
 aten = torch.ops.aten
 
@@ -20,16 +21,6 @@ OVERRIDES = {aten.copy_.default}
 
 def _spec(t: torch.Tensor, dtype: torch.dtype | None = None) -> TensorSpec:
     return TensorSpec(tuple(t.shape), dtype or t.dtype)
-
-
-def upload(
-    t: torch.Tensor, dtype: torch.dtype | None = None, stride: tuple[int, ...] | None = None
-) -> torch.Tensor:
-    """A CPU tensor → a new lazy tensor holding a device copy (`stride`: its layout)."""
-    runtime.check_dtype(dtype or t.dtype, "a copy to the lazyxla device")
-    if dtype is not None and dtype != t.dtype:
-        t = t.to(dtype)
-    return new_tensor((sharding.upload_node(t), 0), _spec(t), stride)
 
 
 _COPY_LAYOUTS: dict[tuple, tuple[int, ...] | None] = {}
@@ -54,17 +45,6 @@ def _noncontiguous(t: torch.Tensor) -> tuple[int, ...] | None:
 
     stride = tuple(t.stride())
     return None if stride == contiguous_strides(tuple(t.shape)) else stride
-
-
-def materialize(t: torch.Tensor) -> Any:
-    """Run what `t` needs and return its device array (Note [What a value read syncs])."""
-    s = state(t)
-    graph.sync_read(s)
-    return read(s)[0].data
-
-
-def download(t: torch.Tensor) -> torch.Tensor:
-    return runtime.device_to_host(materialize(t), t.dtype)
 
 
 def _to_copy(
@@ -102,10 +82,30 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
         return dst
     if src.device.type != DEVICE_TYPE:
         src = upload(src)
+    _check_copy_shapes(dst.shape, src.shape)
     check_write_overlap(dst, src)
     ds = state(dst)
     write(ds, cast_value(read(state(src)), ds.spec))
     return dst
+
+
+def _check_copy_shapes(dst: torch.Size, src: torch.Size) -> None:
+    """Eager's error for a `copy_` source that does not broadcast to the destination, raised
+    when the copy is recorded (not when the graph is lowered)."""
+    if src == dst:
+        return
+    for k in range(1, min(len(src), len(dst)) + 1):
+        a, b = dst[-k], src[-k]
+        if b not in (a, 1):
+            raise RuntimeError(
+                f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                f"non-singleton dimension {len(dst) - k}"
+            )
+    if len(src) > len(dst):
+        shape = list(torch.broadcast_shapes(dst, src))
+        raise RuntimeError(
+            f"output with shape {list(dst)} doesn't match the broadcast shape {shape}"
+        )
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -117,6 +117,10 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 
 def _local_scalar_dense(x: torch.Tensor) -> Any:
+    # torch_xla runs `.item()` through its CPU fallback and counts it as one; here it is a value
+    # read (no op runs on the CPU), so it is counted under torch_xla's name but is not listed by
+    # `executed_fallback_ops()` (metrics.READS_NOT_FALLBACKS).
+    metrics.counter_inc("aten::_local_scalar_dense")
     return download(x).item()
 
 
@@ -194,6 +198,5 @@ def install() -> None:
     register_kernel(aten._batch_norm_with_update.default, batch_norm_with_update)
     register_kernel(aten._batch_norm_no_update.default, batch_norm_no_update)
     register_kernel(aten.batch_norm_backward.default, batch_norm_backward)
-    from .. import fallback
-
     fallback.install()
+    error_messages.install()

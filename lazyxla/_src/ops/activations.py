@@ -1,0 +1,91 @@
+"""Activation functions and their backward kernels: log_sigmoid, the shrinks, hard sigmoid/swish,
+logit, glu and prelu (the common activations are in nn.py and elementwise.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .registry import axis_of, float_operand, lowering
+
+aten = torch.ops.aten
+
+
+@lowering(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(x):
+    x = float_operand(x)
+    return jax.nn.log_sigmoid(x), jnp.exp(-jnp.abs(x))  # eager CPU's buffer
+
+
+@lowering(aten.log_sigmoid_backward.default)
+def log_sigmoid_backward(grad, x, buffer):
+    return float_operand(grad) * jax.nn.sigmoid(-float_operand(x))
+
+
+@lowering(aten.hardshrink.default)
+def hardshrink(x, lambd=0.5):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(x), x)
+
+
+@lowering(aten.hardshrink_backward.default)
+def hardshrink_backward(grad, x, lambd):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.softshrink.default)
+def softshrink(x, lambd=0.5):
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+
+
+@lowering(aten.softshrink_backward.default)
+def softshrink_backward(grad, x, lambd):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(grad), grad)
+
+
+@lowering(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad, x):
+    return jnp.where((x > -3) & (x < 3), grad / 6, jnp.zeros_like(grad))
+
+
+@lowering(aten.hardswish_backward.default)
+def hardswish_backward(grad, x):
+    mid = grad * (x / 3 + 0.5)
+    return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, mid, grad))
+
+
+@lowering(aten.logit_backward.default)
+def logit_backward(grad, x, eps=None):
+    g = grad / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, g)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), g)
+
+
+@lowering(aten.glu.default)
+def glu(x, dim=-1):
+    a, b = jnp.split(x, 2, axis=axis_of(x, dim))
+    return a * jax.nn.sigmoid(float_operand(b)).astype(x.dtype)
+
+
+@lowering(aten.glu_backward.default)
+def glu_backward(grad, x, dim):
+    return jax.vjp(lambda v: glu(v, dim), x)[1](grad)[0]
+
+
+@lowering(aten._prelu_kernel.default)
+def prelu(x, weight):
+    w = weight.reshape((1, -1) + (1,) * (x.ndim - 2)) if x.ndim >= 2 and weight.size > 1 else weight
+    return jnp.where(x > 0, x, w * x)
+
+
+@lowering(aten._prelu_kernel_backward.default)
+def prelu_backward(grad, x, weight):
+    # The weight's gradient is elementwise, in the broadcast shape (autograd sums it to the
+    # weight's shape afterwards), as eager's kernel returns it.
+    w = weight.reshape((1, -1) + (1,) * (x.ndim - 2)) if x.ndim >= 2 and weight.size > 1 else weight
+    pos = x > 0
+    gx = jnp.where(pos, grad, w * grad)
+    gw = jnp.where(pos, jnp.zeros_like(x), x * grad)
+    shape = jnp.broadcast_shapes(x.shape, jnp.shape(w))
+    return jnp.broadcast_to(gx, shape), jnp.broadcast_to(gw, shape)

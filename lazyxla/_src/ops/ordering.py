@@ -1,0 +1,236 @@
+"""Order statistics, scans and searches: cumulative max/min/logsumexp, kth value, median, mode,
+bucketize/searchsorted, isin and histograms (eager's tie and NaN rules)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from . import creation
+from .registry import axis_of, lowering
+
+aten = torch.ops.aten
+
+
+def _cum_extreme(x, dim, better):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = axis_of(x, dim)
+    idx = jnp.broadcast_to(
+        jnp.arange(x.shape[d], dtype=jnp.int64).reshape((-1,) + (1,) * (x.ndim - d - 1)), x.shape
+    )
+
+    def comb(a, b):
+        av, ai = a
+        bv, bi = b
+        # PyTorch takes the later index on ties (>=) and lets NaN win and stick.
+        take_b = (
+            better(bv, av) | (bv == av) | jnp.isnan(bv)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else better(bv, av) | (bv == av)
+        )
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            take_b = take_b & ~(jnp.isnan(av) & ~jnp.isnan(bv))
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    return lax.associative_scan(comb, (x, idx), axis=d)
+
+
+@lowering(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, jnp.greater)
+
+
+@lowering(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, jnp.less)
+
+
+@lowering(aten._logcumsumexp.default, aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    return lax.cumlogsumexp(x, axis=axis_of(x, dim))
+
+
+def _sorted_along(x, d):
+    """Values sorted ascending with NaN last, and the stable sort indices."""
+    idx = jnp.argsort(x, axis=d, stable=True)
+    return jnp.take_along_axis(x, idx, axis=d), idx
+
+
+@lowering(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = axis_of(x, dim)
+    v, i = _sorted_along(x, d)
+    v = lax.index_in_dim(v, k - 1, d, keepdims=keepdim)
+    i = lax.index_in_dim(i, k - 1, d, keepdims=keepdim)
+    return v, i
+
+
+def _median_dim(x, dim, keepdim, ignore_nan):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = axis_of(x, dim)
+    n = x.shape[d]
+    v, i = _sorted_along(x, d)
+    if ignore_nan and jnp.issubdtype(x.dtype, jnp.floating):
+        cnt = jnp.sum(~jnp.isnan(x), axis=d, keepdims=True)
+        pos = jnp.maximum((cnt - 1) // 2, 0)
+    else:
+        pos = jnp.full([1 if a == d else s for a, s in enumerate(x.shape)], (n - 1) // 2)
+        if jnp.issubdtype(x.dtype, jnp.floating):  # any NaN: the median is NaN (first NaN)
+            nan_any = jnp.any(jnp.isnan(x), axis=d, keepdims=True)
+            first_nan = jnp.sum(~jnp.isnan(x), axis=d, keepdims=True)
+            pos = jnp.where(nan_any, first_nan, pos)
+    val = jnp.take_along_axis(v, pos, axis=d)
+    ind = jnp.take_along_axis(i, pos, axis=d)
+    if not keepdim:
+        val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
+    return val, ind
+
+
+@lowering(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, False)
+
+
+@lowering(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median_dim(x, dim, keepdim, True)
+
+
+@lowering(aten.median.default)
+def median(x):
+    return _median_dim(x.reshape(-1), 0, False, False)[0]
+
+
+@lowering(aten.nanmedian.default)
+def nanmedian(x):
+    return _median_dim(x.reshape(-1), 0, False, True)[0]
+
+
+@lowering(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    if x.dtype == jnp.bool_:
+        v, i = mode(x.astype(jnp.int8), dim, keepdim)
+        return v.astype(jnp.bool_), i
+    d = axis_of(x, dim)
+    xm = jnp.moveaxis(x, d, -1)
+    # count of each element's value along the row; the most frequent, smallest value wins; its
+    # index is the last occurrence (as PyTorch's CPU kernel returns).
+    eq = xm[..., :, None] == xm[..., None, :]
+    cnt = jnp.sum(eq, axis=-1)
+    best = jnp.max(cnt, axis=-1, keepdims=True)
+    cand = jnp.where(
+        cnt == best,
+        xm,
+        jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max,
+    )
+    val = jnp.min(cand, axis=-1, keepdims=True)
+    n = xm.shape[-1]
+    pos = jnp.where(xm == val, jnp.arange(n), -1)
+    ind = jnp.max(pos, axis=-1, keepdims=True)
+    val, ind = jnp.moveaxis(val.astype(x.dtype), -1, d), jnp.moveaxis(ind, -1, d)
+    if not keepdim:
+        val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
+    return val, ind
+
+
+@lowering(aten.bucketize.Tensor)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+
+
+@lowering(aten.bucketize.Scalar)
+def bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+
+
+@lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, x, side=side)
+    lead = seq.shape[:-1]
+    s2 = seq.reshape(-1, seq.shape[-1])
+    x2 = x.reshape(s2.shape[0], -1)
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(s2, x2)
+    return out.reshape(lead + x.shape[-1:])
+
+
+@lowering(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    if x.size == 0:
+        return jnp.zeros((bins,), x.dtype)
+    xf = x.reshape(-1)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    auto = (lo == 0) & (hi == 0)
+    lo = jnp.where(auto, jnp.min(xf), lo)
+    hi = jnp.where(auto, jnp.max(xf), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    inside = (xf >= lo) & (xf <= hi)
+    pos = ((xf - lo) * bins / (hi - lo)).astype(jnp.int64)
+    pos = jnp.clip(pos, 0, bins - 1)
+    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
+
+
+@lowering(aten.isin.Tensor_Tensor)
+def isin(x, test, *, assume_unique=False, invert=False):
+    out = jnp.isin(x, test)
+    return ~out if invert else out
+
+
+@lowering(aten.isin.Tensor_Scalar)
+def isin_ts(x, test, *, assume_unique=False, invert=False):
+    out = x == test
+    return ~out if invert else out
+
+
+@lowering(aten.isin.Scalar_Tensor)
+def isin_st(x, test, *, assume_unique=False, invert=False):
+    out = jnp.any(test == x)
+    return ~out if invert else out
+
+
+def _histogram(x, edges, weight, density):
+    """Counts (or weights) of x per bin [e_i, e_i+1), the last bin closed; values outside the
+    edges are not counted. Bins are found against the edges themselves (as eager does), so a value
+    on an edge lands in the bin that edge opens."""
+    xf, bins = x.reshape(-1), edges.shape[0] - 1
+    pos = jnp.searchsorted(edges, xf, side="right") - 1
+    pos = jnp.where(xf == edges[-1], bins - 1, pos)
+    inside = (xf >= edges[0]) & (xf <= edges[-1])
+    w = jnp.ones_like(xf) if weight is None else weight.reshape(-1).astype(xf.dtype)
+    hist = jnp.zeros((bins,), xf.dtype).at[jnp.clip(pos, 0, bins - 1)].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@lowering(aten.histogram.bin_ct, static=("range",))
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size == 0:  # eager: edges [0, 1]
+        lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+    else:
+        lo, hi = jnp.min(x), jnp.max(x)
+    same = lo == hi  # eager widens an empty range by 0.5 on each side
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    edges = creation.eager_linspace(lo, hi, bins + 1, x.dtype)
+    return _histogram(x, edges, weight, density)
+
+
+@lowering(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    return _histogram(x, bins.astype(x.dtype), weight, density)

@@ -1,0 +1,285 @@
+"""Special functions: the gamma family (polygamma, incomplete gamma, mvlgamma), Bessel functions,
+the error-function family, Hurwitz zeta, orthogonal polynomials, and their kin (sinc, logaddexp,
+xlog1py, entr), with eager's (Cephes') domains and special cases."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import jax.scipy.special as jss
+import numpy as np
+import torch
+from jax import lax
+
+from . import elementwise
+from .registry import float_operand, lowering
+
+aten = torch.ops.aten
+
+
+@lowering(aten.polygamma.default)
+def polygamma(n, x):
+    x = float_operand(x)
+    if n == 0:
+        return elementwise.digamma(x)
+    # jax's polygamma is for x > 0: shift negative x up with the recurrence
+    # psi_n(x) = psi_n(x + k) - (-1)^n n! sum_{j<k} (x + j)^-(n+1).
+    k = 16
+    neg = x < 0
+    xs = jnp.where(neg, x + k, x)
+    out = jss.polygamma(n, xs)
+    corr = sum(1.0 / (x + j) ** (n + 1) for j in range(k))
+    sign = 1.0 if n % 2 else -1.0
+    out = jnp.where(neg, out + sign * math.factorial(n) * corr, out)
+    return jnp.where(x == 0, sign * jnp.inf, out)  # the pole at 0, signed as eager's
+
+
+@lowering(aten.logaddexp.default)
+def logaddexp(x, y):
+    return jnp.logaddexp(float_operand(x), float_operand(y))
+
+
+@lowering(aten.logaddexp2.default)
+def logaddexp2(x, y):
+    return jnp.logaddexp2(float_operand(x), float_operand(y))
+
+
+@lowering(aten.sinc.default)
+def sinc(x):
+    return jnp.sinc(float_operand(x))
+
+
+@lowering(aten.igamma.default)
+def igamma(a, x):
+    return jss.gammainc(float_operand(a), float_operand(x))
+
+
+@lowering(aten.igammac.default)
+def igammac(a, x):
+    return jss.gammaincc(float_operand(a), float_operand(x))
+
+
+@lowering(aten.special_i0e.default)
+def special_i0e(x):
+    return jss.i0e(float_operand(x))
+
+
+@lowering(aten.special_i1.default)
+def special_i1(x):
+    return jss.i1(float_operand(x))
+
+
+@lowering(aten.special_i1e.default)
+def special_i1e(x):
+    return jss.i1e(float_operand(x))
+
+
+@lowering(aten.special_ndtri.default)
+def special_ndtri(x):
+    return jss.ndtri(float_operand(x))
+
+
+@lowering(aten.special_log_ndtr.default)
+def special_log_ndtr(x):
+    return jss.log_ndtr(float_operand(x))
+
+
+@lowering(aten.special_erfcx.default)
+def special_erfcx(x):
+    x = float_operand(x)
+    # erfcx(x) = exp(x^2) erfc(x); for large x use the asymptotic-stable form via log_ndtr.
+    big = x > 5
+    xs = jnp.where(big, 0.0, x)
+    small = jnp.exp(xs * xs) * jss.erfc(xs)
+    xb = jnp.where(big, x, 6.0)
+    z = 1.0 / (xb * xb)
+    series = (1 - 0.5 * z + 0.75 * z * z - 1.875 * z**3 + 6.5625 * z**4) / (xb * np.sqrt(np.pi))
+    return jnp.where(big, series, small)
+
+
+@lowering(aten.special_xlog1py.default, opmath=False)  # rounds its log1p (elementwise.xlog)
+def special_xlog1py(x, y):
+    exact = lambda a, b: jss.xlog1py(float_operand(a), float_operand(b))  # noqa: E731
+    return elementwise.xlog(x, y, jnp.log1p, exact)
+
+
+@lowering(aten.special_entr.default)
+def special_entr(x):
+    x = float_operand(x)
+    return jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf))
+
+
+@lowering(aten.special_zeta.default)
+def special_zeta(x, q):
+    """Hurwitz zeta with eager's (Cephes') domain: inf at x == 1 and at nonpositive integer q,
+    nan for x < 1 and for a negative non-integer q with a non-integer x."""
+    x, q = jnp.broadcast_arrays(float_operand(x), float_operand(q))
+    out = jss.zeta(x, q)
+    q_pole = (q <= 0) & (q == jnp.floor(q))
+    out = jnp.where((q <= 0) & ~q_pole & (x != jnp.floor(x)), jnp.nan, out)
+    out = jnp.where(q_pole, jnp.inf, out)
+    out = jnp.where(x < 1, jnp.nan, out)
+    return jnp.where(x == 1, jnp.inf, out)
+
+
+@lowering(aten.mvlgamma.default)
+def mvlgamma(x, p):
+    x = float_operand(x)
+    out = p * (p - 1) / 4 * np.log(np.pi)
+    for j in range(p):
+        out = out + jss.gammaln(x - j / 2)
+    return out
+
+
+def _poly(x, n, p1, step, special=None):
+    """p_n(x) by p_{k+1} = step(k, x, p_{k-1}, p_k), p_0 = 1, p_1 = p1(x); n is per element."""
+    x = float_operand(x)
+    n = jnp.broadcast_to(jnp.asarray(n), jnp.broadcast_shapes(jnp.shape(x), jnp.shape(n)))
+    n = jnp.trunc(n).astype(jnp.int64) if jnp.issubdtype(n.dtype, jnp.inexact) else n
+    n = n.astype(jnp.int64)
+    x = jnp.broadcast_to(x, n.shape)
+    q1 = p1(x)
+    out = jnp.where(n == 0, jnp.ones_like(x), jnp.where(n == 1, q1, jnp.zeros_like(x)))
+
+    def cond(c):
+        return c[0] < jnp.max(n, initial=0)
+
+    def body(c):
+        k, p, q, out = c
+        r = step(k.astype(x.dtype), x, p, q)
+        out = jnp.where(n == k + 1, r, out)
+        return k + 1, q, r, out
+
+    _, _, _, out = lax.while_loop(cond, body, (jnp.int64(1), jnp.ones_like(x), q1, out))
+    if special is not None:
+        out = special(x, n, out)
+    return jnp.where(n < 0, jnp.zeros_like(out), out)
+
+
+def _odd(n):
+    return (n % 2) == 1
+
+
+def _cheb_t(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where((x > 0) | ~_odd(n), 1.0, -1.0).astype(x.dtype)
+        trig = jnp.cos(nf * jnp.arccos(x))
+        out = jnp.where((n > 6) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_u(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where((x > 0) | ~_odd(n), nf + 1, -(nf + 1))
+        a = jnp.arccos(x)
+        s = jnp.sin(a)
+        trig = jnp.where(
+            s != 0,
+            jnp.sin((nf + 1) * a) / jnp.where(s != 0, s, 1),
+            (nf + 1) * jnp.cos((nf + 1) * a) / x,
+        )
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_v(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        odd = jnp.where(_odd(n), -(nf + nf + 1), nf + nf + 1)
+        edge = jnp.where(x > 0, jnp.ones_like(x), odd)
+        a = jnp.arccos(x)
+        h = jnp.sin(a / 2)
+        trig = jnp.where(h != 1, jnp.cos((nf + 0.5) * a) / jnp.cos(a / 2), odd)
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x - 1, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _cheb_w(x, n):
+    def special(x, n, out):
+        nf = n.astype(x.dtype)
+        edge = jnp.where(x > 0, nf + nf + 1, jnp.where(_odd(n), -1.0, 1.0).astype(x.dtype))
+        a = jnp.arccos(x)
+        c = jnp.cos(a / 2)
+        trig = jnp.where(
+            c != 1,
+            jnp.sin((nf + 0.5) * a) / jnp.sin(a / 2),
+            jnp.where(x > 0, nf + nf + 1, jnp.where(_odd(n), -1.0, 1.0).astype(x.dtype)),
+        )
+        out = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, out)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(x, n, lambda x: x + x + 1, lambda k, x, p, q: (x + x) * q - p, special)
+
+
+def _hermite_h(x, n):
+    return _poly(x, n, lambda x: x + x, lambda k, x, p, q: (x + x) * q - (k + k) * p)
+
+
+def _hermite_he(x, n):
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: x * q - k * p)
+
+
+def _laguerre(x, n):
+    def special(x, n, out):
+        return jnp.where((jnp.abs(x) == 0) & (n >= 0), jnp.ones_like(out), out)
+
+    return _poly(
+        x, n, lambda x: 1 - x, lambda k, x, p, q: ((k + k + (1 - x)) * q - k * p) / (k + 1), special
+    )
+
+
+def _legendre(x, n):
+    def special(x, n, out):
+        edge = jnp.where((x > 0) | (n == 0) | ~_odd(n), 1.0, -1.0).astype(x.dtype)
+        return jnp.where(jnp.abs(x) == 1, edge, out)
+
+    return _poly(
+        x, n, lambda x: x, lambda k, x, p, q: ((k + k + 1) * x * q - k * p) / (k + 1), special
+    )
+
+
+def _shifted(fn):
+    return lambda x, n: fn(float_operand(x) + float_operand(x) - 1, n)
+
+
+for _name, _fn in (
+    ("chebyshev_polynomial_t", _cheb_t),
+    ("chebyshev_polynomial_u", _cheb_u),
+    ("chebyshev_polynomial_v", _cheb_v),
+    ("chebyshev_polynomial_w", _cheb_w),
+    ("shifted_chebyshev_polynomial_t", _shifted(_cheb_t)),
+    ("shifted_chebyshev_polynomial_u", _shifted(_cheb_u)),
+    ("shifted_chebyshev_polynomial_v", _shifted(_cheb_v)),
+    ("shifted_chebyshev_polynomial_w", _shifted(_cheb_w)),
+    ("hermite_polynomial_h", _hermite_h),
+    ("hermite_polynomial_he", _hermite_he),
+    ("laguerre_polynomial_l", _laguerre),
+    ("legendre_polynomial_p", _legendre),
+):
+    lowering(getattr(aten, "special_" + _name).default)(lambda x, n, _fn=_fn: _fn(x, n))
+
+
+@lowering(aten.special_modified_bessel_i0.default)
+def special_modified_bessel_i0(x):
+    return jss.i0(float_operand(x))
+
+
+@lowering(aten.special_modified_bessel_i1.default)
+def special_modified_bessel_i1(x):
+    return jss.i1(float_operand(x))
+
+
+@lowering(aten.special_spherical_bessel_j0.default)
+def spherical_bessel_j0(x):
+    x = float_operand(x)
+    safe = jnp.where(x == 0, 1.0, x)
+    return jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)

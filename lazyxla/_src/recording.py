@@ -1,0 +1,269 @@
+"""Functional kernels and their recording plans: the hot path of recording an op.
+
+`functional_kernel` builds the PrivateUse1 kernel of an op with a lowering and no mutated
+argument. Its first call of each argument signature takes dispatch.py's slow path (meta
+inference, `record`) and keeps a plan; later calls of that signature replay the plan (Note
+[Recording plans]).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from . import metrics
+from .config import FLAGS
+from .dispatch import (
+    GENERATOR,
+    OPT_TENSOR,
+    SCALAR,
+    STATIC,
+    STORES_SCALAR,
+    TENSOR,
+    ArgSpec,
+    _counter_name,
+    _dtype_arg,
+    _is_unit,
+    _op_name,
+    _trace,
+    _wrap_outputs,
+    bind,
+    infer_layout,
+    record,
+)
+from .ir import SCALAR as _SCALAR_OP
+from .ir import Node, TensorSpec, node_with_desc, scalar_fast
+from .ops.registry import Lowering
+from .tensor import check_device, new_tensor, read, storage_nbytes
+
+# Note [Recording plans]
+# Recording an op is mostly work that depends only on the call's *signature*: its tensors'
+# shapes, dtypes and strides, which Python scalars are units (baked) and which are lifted, the
+# dtype each lifted scalar gets, its static arguments. A functional kernel keeps, per signature,
+# a plan made from the first call's slow path: the output specs and strides, the node's argument
+# template and interned descriptor, where each input comes from and each lifted scalar's dtype.
+# A later call with the same signature only reads its tensors' values, lifts its scalars and
+# builds the node and the output tensors. The signature holds everything the slow path's choices
+# depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
+# number and a 0-d tensor promote differently), and ops with list, generator, device or float
+# static arguments, random ops, and XLA_IR_DEBUG (source lines) always take the slow path.
+_FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC))
+_LIFTED = object()
+_EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout)
+
+
+def _plan_key(
+    kinds: tuple[int, ...], vals: list[Any] | tuple, items: list[Any], states: list[Any]
+) -> tuple | None:
+    """The recording signature of a call (Note [Recording plans]), or None: no plan for it.
+    `items` receives the values of the call's 0-d CPU tensors, `states` its lazy tensors'
+    states, in order."""
+    key: list[Any] = []
+    ref = None
+    wrapped = None
+    numbers = False
+    # The kinds are the op's, fixed per position, so a position's key need not repeat its kind:
+    # the cheap, common cases (Python numbers, None, bools) are tested first, by type.
+    for k, v in zip(kinds, vals):
+        t = type(v)
+        if t is float or t is int:
+            if k == STATIC:
+                if t is float:
+                    return None  # a float static may shape the program: slow path
+                key.append(v)
+                continue
+            # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
+            key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
+            if k != SCALAR:
+                numbers = True  # a wrapped number, back as a Python scalar
+        elif v is None:
+            key.append(None)
+        elif t is bool:
+            key.append((bool, v))
+        elif k == STATIC:
+            if t in _EXACT_STATICS:  # values equal only when the same program
+                key.append(v)
+            elif t is list or t is tuple:
+                if not all(type(e) is int for e in v):
+                    return None
+                key.append((t, *v))
+            else:
+                return None
+        elif k == SCALAR or not isinstance(v, torch.Tensor):
+            return None
+        else:
+            s = getattr(v.untyped_storage(), "_lx", None)
+            if s is not None:
+                if ref is None and k == TENSOR:
+                    ref = v
+                states.append(s)
+                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
+                key.append(s.spec if s.base is None else (s.spec, v.stride()))
+                if s.stride is not None:
+                    key.append(s.stride)
+            elif v.is_cpu and not v.dim():
+                x = v.item()
+                items.append(x)
+                key.append((v.dtype, x if _is_unit(x) else _LIFTED))
+                wrapped = [v] if wrapped is None else [*wrapped, v]
+            else:
+                return None
+    if wrapped is not None:
+        if ref is None:
+            return None
+        key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
+    if numbers and ref is None:
+        key.append(torch.get_default_dtype())
+    return tuple(key)
+
+
+class _Plan:
+    """What a call of one signature records (Note [Recording plans])."""
+
+    __slots__ = ("name", "rule", "sources", "args", "kwargs", "specs", "desc", "aten", "outputs")
+
+    def __init__(
+        self,
+        node: Node,
+        kinds: tuple[int, ...],
+        vals: list[Any],
+        out_struct: Any,
+        strides: Any,
+        stores: bool = False,
+    ) -> None:
+        # Where each input of `node` came from: (position, None) a lazy tensor, (position,
+        # dtype) a lifted scalar (the position's 0-d CPU tensor or Python number).
+        sources: list[tuple[int, Any]] = []
+        inputs = node.inputs
+        for i, v in enumerate(vals):
+            if isinstance(v, torch.Tensor) and not v.is_cpu:
+                sources.append((i, None))
+            elif kinds[i] != STATIC and (
+                _is_lifted(v) or stores and kinds[i] == SCALAR and type(v) in (bool, int, float)
+            ):  # (a fill's Scalar is lifted even when a unit: STORES_SCALAR)
+                j = len(sources)
+                if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
+                    raise _NoPlan
+                sources.append((i, inputs[j][0].specs[0].dtype))
+        if len(sources) != len(inputs):
+            raise _NoPlan
+        self.name = node.op
+        self.rule = node.rule
+        self.sources = tuple(sources)
+        self.args = node.args
+        self.kwargs = node.kwargs
+        self.specs = node.specs
+        self.desc = node.desc
+        self.aten = node.aten
+        if isinstance(out_struct, TensorSpec):
+            st = strides[0] if strides is not None else None
+            nbytes = storage_nbytes(out_struct.shape, st, out_struct.dtype.itemsize)
+            self.outputs = (out_struct, st, nbytes)
+        else:
+            self.outputs = (out_struct, strides, None)
+
+    def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
+        inputs = []
+        it = st = 0
+        for i, dtype in self.sources:
+            if dtype is None:
+                s = states[st]
+                st += 1
+                b = s.base
+                inputs.append(s.value if b is None or s.seen == b.version else read(s))
+            elif isinstance(vals[i], torch.Tensor):
+                inputs.append((scalar_fast(items[it], dtype), 0))
+                it += 1
+            else:
+                inputs.append((scalar_fast(vals[i], dtype), 0))
+        node = node_with_desc(
+            self.name,
+            self.rule,
+            tuple(inputs),
+            self.args,
+            self.kwargs,
+            self.specs,
+            self.desc,
+            self.aten,
+        )
+        struct, stride, nbytes = self.outputs
+        if nbytes is not None:
+            return new_tensor((node, 0), struct, stride, nbytes)
+        return _wrap_outputs(node, struct, [0], stride)
+
+
+class _NoPlan(Exception):
+    pass
+
+
+def _is_lifted(v: Any) -> bool:
+    """Whether the slow path lifts `v` (a number or a 0-d CPU tensor) to a graph input."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    return (type(v) is float or type(v) is int) and not _is_unit(v)
+
+
+def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
+    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    dtype_arg = _dtype_arg(specs)
+    name, counter = _op_name(op), _counter_name(op)
+    device_args = [
+        i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
+    ]
+    kinds = tuple(s.kind for s in specs)
+    planned = not lw.random and not device_args and _FAST_KINDS.issuperset(kinds)
+    # The node's arguments call `op` in schema order unless a generator is left out or a key
+    # added (Node.aten).
+    aten = None if lw.random or GENERATOR in kinds else op
+    stores = name in STORES_SCALAR
+    plans: dict[tuple, _Plan | None] = {}
+
+    nargs = len(specs)
+    counters = metrics._counters
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        counters[counter] = counters.get(counter, 0) + 1
+        key = None
+        vals: Any = None
+        if planned and not FLAGS.ir_debug:
+            items: list[Any] = []
+            states: list[Any] = []
+            # See Note [Recording plans]; a call with every argument positional needs no bind
+            full = not kwargs and len(args) == nargs
+            vals = args if full else bind(specs, args, kwargs)
+            key = _plan_key(kinds, vals, items, states)
+            if key is not None:
+                plan = plans.get(key)
+                if plan is not None:
+                    out = plan.run(vals, items, states)
+                    _trace(t0)
+                    return out
+            if full:
+                vals = None
+        if vals is None:
+            vals = bind(specs, args, kwargs)
+        for i in device_args:
+            check_device(vals[i])
+        try:
+            out_struct, strides = infer_layout(op, specs, vals, lw)
+        except NotImplementedError:
+            # A data-dependent output shape (x[bool_mask]): nothing static to record; CPU fallback.
+            from .fallback import cpu_fallback
+
+            return cpu_fallback(op, *args, **kwargs)
+        node, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg, aten)
+        if key is not None and key not in plans:
+            try:
+                plans[key] = _Plan(node, kinds, vals, out_struct, strides, stores)
+            except _NoPlan:
+                plans[key] = None
+        _trace(t0)
+        return out
+
+    kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
+    return kernel

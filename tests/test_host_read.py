@@ -1,0 +1,105 @@
+"""Reads answered on the host (Note [Small integer reads on the host], host_read.py): small
+integer bookkeeping and data moved by cat/slices/views are read without compiling a graph, equal
+to eager, and bound as device data so later graphs and reads agree; everything else compiles as
+before."""
+
+from __future__ import annotations
+
+import torch
+
+import lazyxla
+from lazyxla._src.config import FLAGS
+from lazyxla._src.tensor import state
+from lazyxla.debug import metrics
+
+DEV = lazyxla.device()
+
+
+def _count(name: str) -> int:
+    return metrics.counter_value(name) or 0
+
+
+def _ints(dev: str) -> list:
+    eos = torch.tensor([7, 3, -2], device=dev)
+    pad = eos[0]
+    ids = torch.arange(12, device=dev).view(2, 6) % 5
+    mask = torch.ones_like(ids)
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return [
+        torch.isin(eos, pad).any(),
+        (eos < 0).any(),
+        (mask == 1).all(),
+        pos,
+        torch.full((2,), True, device=dev, dtype=torch.bool) & (ids[:, -1] > 2),
+        ids.sum(-1, dtype=torch.int32),
+    ]
+
+
+def test_small_integer_reads_compile_nothing_and_equal_eager():
+    ref = _ints("cpu")
+    c, h = _count("UncachedCompile"), _count("HostRead")
+    got = [t.cpu() for t in _ints(DEV)]
+    assert _count("UncachedCompile") == c
+    assert _count("HostRead") > h
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and torch.equal(g, r)
+
+
+def test_a_host_read_binds_every_pending_tensor_and_later_graphs_agree():
+    a = torch.tensor([4, -9, 11], device=DEV)
+    b = a * 3 - 1  # pending, not read
+    c = (a > 0).sum()
+    assert c.item() == 2
+    assert not state(b).is_pending  # a read runs every pending tensor, here on the host
+    out = (b.float() * 0.25).cpu()  # a float graph: compiled, over the bound value
+    ref = (torch.tensor([4, -9, 11]) * 3 - 1).float() * 0.25
+    assert torch.equal(out, ref)
+
+
+def test_data_movement_over_data_is_assembled_on_the_host_in_any_dtype():
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 3, dtype=dt) for dt in (torch.float32, torch.float32)]
+    ys = [x.to(DEV) for x in xs]
+    lazyxla.sync()
+    ref = torch.cat(
+        [xs[0], xs[1].t().reshape(2, 3)[:, :2].unsqueeze(-1).expand(2, 2, 3)[..., 0]], 1
+    )
+    seq = torch.cat(
+        [ys[0], ys[1].t().reshape(2, 3)[:, :2].unsqueeze(-1).expand(2, 2, 3)[..., 0]], 1
+    )
+    pending = ys[0] * 2  # a computing tensor stays pending: the read only moved data
+    c = _count("UncachedCompile")
+    assert torch.equal(seq.cpu(), ref)
+    assert _count("UncachedCompile") == c
+    assert state(pending).is_pending
+    assert torch.equal(pending.cpu(), xs[0] * 2)
+
+
+def test_float_reads_and_large_integer_graphs_still_compile():
+    h = _count("HostRead")
+    assert (torch.ones(5, 3, device=DEV) * 2).sum().item() == 30.0
+    big = torch.arange(10_000, device=DEV) * 2
+    assert big.sum().item() == 2 * sum(range(10_000))
+    assert _count("HostRead") == h
+
+
+def test_host_reads_can_be_turned_off():
+    FLAGS.set("host_reads", False)
+    try:
+        h = _count("HostRead")
+        assert (torch.tensor([1, 2, 3], device=DEV) > 1).sum().item() == 2
+        assert _count("HostRead") == h
+    finally:
+        FLAGS.set("host_reads", True)
+
+
+def test_fills_lift_their_scalar_so_true_and_false_share_a_graph():
+    def f(done: bool) -> torch.Tensor:
+        x = torch.ones(4, device=DEV) * 1.5
+        return (torch.full((4,), done, device=DEV, dtype=torch.bool) & (x > 1)).float() * x
+
+    f(False).cpu()
+    c = _count("UncachedCompile")
+    assert torch.equal(f(True).cpu(), torch.full((4,), 1.5))
+    assert torch.equal(f(False).cpu(), torch.zeros(4))
+    assert _count("UncachedCompile") == c
