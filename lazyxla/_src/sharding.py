@@ -790,6 +790,17 @@ class ShardingSpec:
 _V1 = re.compile(r"^\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}$")
 
 
+def parse_v1(text: str) -> tuple[list[int], list[int], int] | None:
+    """(tile dims, devices, replication group size) of a torch_xla V1 tiled sharding string such
+    as `{devices=[2,1,4]0,...,7 last_tile_dim_replicate}`; None if `text` is not one."""
+    m = _V1.fullmatch(text)
+    if m is None:
+        return None
+    dims = [int(d) for d in m.group(1).split(",")]
+    devs = [int(d) for d in m.group(2).split(",")]
+    return dims[:-1] if m.group(3) else dims, devs, dims[-1] if m.group(3) else 1
+
+
 def global_tensor_from_cpu_shards(
     shards: Sequence[torch.Tensor], op_sharding: str, global_shape: Sequence[int] | None = None
 ) -> torch.Tensor:
@@ -806,12 +817,10 @@ def global_tensor_from_cpu_shards(
         dims, devs = [1] * len(shape), list(range(n))
         groups = 1
     else:
-        m = _V1.match(op_sharding)
-        if m is None:
+        parsed = parse_v1(op_sharding)
+        if parsed is None:
             raise RuntimeError(f"unsupported sharding {op_sharding!r} for shards")
-        dims = [int(d) for d in m.group(1).split(",")]
-        devs = [int(d) for d in m.group(2).split(",")]
-        groups = dims.pop() if m.group(3) else 1
+        dims, devs, groups = parsed
         if len(dims) != len(shape):
             raise RuntimeError(f"sharding {op_sharding} does not fit shards of rank {len(shape)}")
     full = tuple(s * d for s, d in zip(shape, dims))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -215,9 +214,6 @@ def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:
     return jax.debug.visualize_array_sharding(arr, **kwargs)
 
 
-_V1 = re.compile(r"\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}")
-
-
 def visualize_sharding(sharding: str, use_color: bool = True) -> Any:
     """Print a torch_xla sharding string as a grid of tiles and the devices holding each.
 
@@ -231,12 +227,10 @@ def visualize_sharding(sharding: str, use_color: bool = True) -> Any:
     if sharding in ("{replicated}", ""):
         table.add_row("replicated on all devices")
     else:
-        m = _V1.fullmatch(sharding)
-        if m is None:
+        parsed = xs.parse_v1(sharding)
+        if parsed is None:
             raise ValueError(f"not a torch_xla V1 sharding string: {sharding!r}")
-        dims = [int(d) for d in m.group(1).split(",")]
-        devs = [int(d) for d in m.group(2).split(",")]
-        rep = dims.pop() if m.group(3) else 1
+        dims, devs, rep = parsed
         tiles = [devs[i * rep : (i + 1) * rep] for i in range(len(devs) // rep)]
         if len(dims) == 1:
             dims = [1, dims[0]]
