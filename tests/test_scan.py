@@ -420,6 +420,32 @@ def test_scan_layers_training_steps_compile_once_and_match_eager():
         assert_same(pl, pc)
 
 
+def test_scan_layers_grads_are_not_views_of_one_stacked_gradient():
+    """Note [Per-layer gradients are not views]: with `.grad` kept between steps, each layer's
+    in-place updates touch only its own gradient (no select_scatter of the stacked one)."""
+    cpu_layers = _mlp_layers(4)
+    lazy_layers = [layer.to(DEV) for layer in _mlp_layers(4)]
+    lp = [p for m in lazy_layers for p in m.parameters()]
+    opt_c = torch.optim.SGD([p for m in cpu_layers for p in m.parameters()], lr=0.1, momentum=0.9)
+    opt_l = torch.optim.SGD(lp, lr=0.1, momentum=0.9)
+    for step in range(3):
+        x = torch.randn(2, 8, dtype=F64)
+        for layers, opt, inp, run in (
+            (cpu_layers, opt_c, x, lambda ls, i: nn.Sequential(*ls)(i)),
+            (lazy_layers, opt_l, x.to(DEV), lambda ls, i: scan_layers(ls, i, is_layer_pure=True)),
+        ):
+            opt.zero_grad(set_to_none=False)
+            run(layers, inp).square().sum().backward()
+            if step == 2 and layers is lazy_layers:
+                assert all(state(p.grad).base is None for p in lp)
+                assert "select_scatter" not in lazyxla.debug.ir_text([p.grad for p in lp])
+            opt.step()
+        lazyxla.sync()
+    for pc, pl in zip((p for m in cpu_layers for p in m.parameters()), lp):
+        assert_same(pl, pc)
+        assert_same(pl.grad, pc.grad)
+
+
 def test_scan_layers_decoder_blocks_with_min_cut():
     cfg = DecoderConfig(dim=32, n_heads=4, n_kv_heads=2, max_seq_len=8)
 
