@@ -26,3 +26,12 @@ from ._src import xla_backend as _xla_backend
 _xla_backend.register()  # dist.init_process_group("xla", init_method="xla://"), as torch_xla
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # torch_xla 2.9 has these two at its top level; imported on first use (export is heavy).
+    if name in ("save_as_stablehlo", "save_torch_model_as_stablehlo"):
+        from . import stablehlo
+
+        return getattr(stablehlo, name)
+    raise AttributeError(f"module 'lazyxla' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from ._src.export import StableHLOGraphModule as StableHLOGraphModule
 from ._src.export import StableHLOModelBundle as StableHLOModelBundle
 from ._src.export import VariableSignature as VariableSignature
 from ._src.export import VariableType as VariableType
+from ._src.export import _run_decompositions as _run_decompositions
 from ._src.export import exported_program_to_stablehlo as exported_program_to_stablehlo
 from ._src.export import save_as_stablehlo as save_as_stablehlo
 from ._src.export import save_torch_model_as_stablehlo as save_torch_model_as_stablehlo

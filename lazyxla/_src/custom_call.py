@@ -126,7 +126,20 @@ def stablehlo_custom_call(
     return results[0] if len(results) == 1 else results
 
 
-__all__ = ["stablehlo_custom_call"]
+def extract_custom_call_outputs_shape_dtype(n: torch.fx.Node) -> tuple[list, list]:
+    """The output shapes and dtypes of an FX node, from torch.export's `meta["val"]`."""
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return [val.shape], [val.dtype]
+    if not isinstance(val, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in val):
+        raise ValueError(
+            f"{n.target}: a custom call's outputs must be tensors with shapes known to "
+            f"torch.export (node {n.name} has meta['val'] = {val!r})"
+        )
+    return [t.shape for t in val], [t.dtype for t in val]
+
+
+__all__ = ["extract_custom_call_outputs_shape_dtype", "stablehlo_custom_call"]
 
 
 # --- torch_xla's xla_marker -----------------------------------------------------------------------
@@ -135,10 +148,12 @@ __all__ = ["stablehlo_custom_call"]
 # torch_xla's `torch.ops.xla.mark_tensor(x, name, pos, id, is_input, attr)` (and the
 # `StableHLOCompositeBuilder` built on it) tags the inputs and outputs of a pattern so its exporter
 # can wrap the ops between them in a `stablehlo.composite`. lazyxla defines the op with torch_xla's
-# schema in the `xla` namespace; on any tensor it is the identity (a copy, so autograd and
-# torch.export see an op), and the marker's boundary metadata is validated (name, pos, id and the
-# composite attributes, as torch_xla checks them). lazyxla does not build the composite: exported
-# and lazily compiled programs contain the pattern's ops inline, which computes the same values.
+# schema in the `xla` namespace. On a lazyxla tensor it records an identity node carrying the
+# marker, and lowering wraps each marked pattern in a `stablehlo.composite` (Note [Composites] in
+# `composite.py`): in `xm.get_stablehlo`, in compiled graphs and in `torch_xla.stablehlo` exports.
+# On any other tensor it is the identity (a copy, so autograd and torch.export see an op). The
+# marker's boundary metadata is validated (name, pos, id and the composite attributes, as
+# torch_xla checks them).
 XLA_LIB = torch.library.Library("xla", "FRAGMENT")
 XLA_LIB.define(
     "mark_tensor(Tensor x, str name, int pos, str id, bool is_input, Any? attr=None) -> Tensor"
@@ -166,6 +181,12 @@ def check_composite_attr(attr: Any) -> None:
             raise bad
 
 
+def _mark_tensor_lazy(*args: Any, **kwargs: Any) -> torch.Tensor:
+    from .composite import mark_tensor_lazy
+
+    return mark_tensor_lazy(*args, **kwargs)
+
+
 def _mark_tensor(
     x: torch.Tensor, name: str, pos: int, id: str, is_input: bool, attr: Any = None
 ) -> torch.Tensor:
@@ -174,6 +195,7 @@ def _mark_tensor(
 
 
 XLA_LIB.impl("mark_tensor", _mark_tensor, "CompositeExplicitAutograd")
+XLA_LIB.impl("mark_tensor", _mark_tensor_lazy, "PrivateUse1")
 XLA_LIB.impl("mark_tensor", lambda x, *a, **k: torch.empty_like(x), "Meta")
 torch.library.register_autograd(
     "xla::mark_tensor",

@@ -37,6 +37,7 @@ class Program:
         self.steps: list[tuple] = []
         self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
         scalar_slots: dict[np.dtype, int] = {}
+        marked = False
         for n in nodes:
             if n.op == DEVICE_DATA or id(n) in leaf_ids:
                 self.steps.append((DATA,))
@@ -59,7 +60,12 @@ class Program:
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
                 shapes = tuple(tuple(s.shape) for s in n.specs)
                 self.steps.append((OP, n.rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
+                marked = marked or n.op == "xla::mark_tensor"
         self.roots = roots
+        if marked:  # pattern markers become stablehlo.composite ops: Note [Composites]
+            from .composite import group_patterns
+
+            self.steps, self.roots = group_patterns(self.steps, roots)
 
     def function(self) -> Callable[..., list[jax.Array]]:
         steps, roots, n_dtypes = self.steps, self.roots, len(self.scalar_dtypes)

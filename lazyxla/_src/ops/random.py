@@ -60,10 +60,12 @@ def exponential_(x, lambd=1.0, *, key):
 
 @lowering(aten.native_dropout.default, random=True)
 def native_dropout(x, p, train, *, key):
-    if not train or p == 0:
+    # `train=None` means training, as in ATen (only an explicit False skips the dropout)
+    if train is False or p == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
     keep = jax.random.bernoulli(_key(key), 1.0 - p, x.shape)
-    return jnp.where(keep, x / (1.0 - p), 0).astype(x.dtype), keep
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)  # ATen's scale: p == 1 drops everything
+    return jnp.where(keep, x * scale, 0).astype(x.dtype), keep
 
 
 @lowering(aten.native_dropout_backward.default)

@@ -116,6 +116,25 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return copy_(dst, src)
 
 
+def resize_(x: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
+    """`Tensor.resize_`: the tensor takes the new shape, keeping its first elements in row-major
+    order; new elements are zeros (eager leaves them uninitialized). A resize to the same shape is
+    a no-op, as in eager."""
+    size = tuple(int(d) for d in size)
+    if any(d < 0 for d in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
+    if size == tuple(x.shape):
+        return x
+    n = 1
+    for d in size:
+        n *= d
+    flat = x.detach().reshape(-1)
+    if n > flat.numel():
+        flat = torch.cat([flat, flat.new_zeros(n - flat.numel())])
+    x.data = flat[:n].reshape(size).clone()
+    return x
+
+
 def _local_scalar_dense(x: torch.Tensor) -> Any:
     # torch_xla runs `.item()` through its CPU fallback and counts it as one; here it is a value
     # read (no op runs on the CPU), so it is counted under torch_xla's name but is not listed by
@@ -191,6 +210,7 @@ def install() -> None:
     register_kernel(aten._copy_from.default, _copy_from)
     register_kernel(aten._copy_from_and_resize.default, _copy_from_and_resize)
     register_kernel(aten._local_scalar_dense.default, _local_scalar_dense)
+    register_kernel(aten.resize_.default, resize_)
     register_kernel(aten.equal.default, equal)
     register_kernel(aten.native_batch_norm.default, native_batch_norm)
     register_kernel(aten._native_batch_norm_legit.default, native_batch_norm)
