@@ -45,8 +45,10 @@ def test_level_1_explains_every_compile(debug_level, capsys):
     err = capsys.readouterr().err
     blocks = _blocks(err, "Compilation")
     assert len(blocks) == met.counter_value("UncachedCompile") == 2  # the step once, then the read
-    assert blocks[0][0] == "  user lazyxla.sync"
-    assert blocks[1][0] == f"  {analysis.VALUE_ACCESS}"
+    # (`lazyxla.sync`, or `torch_xla.sync` once the alias is installed, as torch_xla words it)
+    assert blocks[0][0] == f"  {analysis._text(analysis.USER_SYNC)}"
+    assert blocks[1][0].startswith("  most likely user code trying to access tensor value before ")
+    assert blocks[1][0] == f"  {analysis._text(analysis.VALUE_ACCESS)}"
     assert "  Number of Graph Inputs: 2" in blocks[0]
     assert "  Number of Graph Outputs: 1" in blocks[0]
     assert any(f"test_debug_analysis.py:{_line_of('lazyxla.sync()')})" in x for x in blocks[0])
@@ -80,6 +82,83 @@ def test_recompile_at_same_line_says_what_changed(debug_level, capsys):
     )
 
 
+def _causes(err: str, kind: str) -> list[str]:
+    return [b[0].strip() for b in _blocks(err, kind)]
+
+
+def _names(err: str) -> list[str]:
+    return [x.split(": ", 2)[2] for x in err.splitlines() if "Analysis:   Graph Name: " in x]
+
+
+def test_each_sync_site_gives_its_cause_and_compile_names_its_graphs(debug_level, capsys):
+    """torch_xla's causes (its tests and log readers match them): `compile`'s two syncs, named
+    `<name>_clear_pending` and `<name>`; the parallel loader's step ends; a StepTrace's exit; a
+    torch.compile'd function's pending inputs, then its program; reads; eager mode says nothing."""
+    from lazyxla.debug import profiler
+    from lazyxla.distributed.parallel_loader import MpDeviceLoader
+    from lazyxla.experimental import eager_mode_context
+
+    debug_level(2)
+    t = torch.randn(6, 4).to(dev) * 3  # pending
+
+    compiled = lazyxla.compile(lambda x: torch.logsumexp(x, 1), name="toy")
+    compiled(t)
+    err = capsys.readouterr().err
+    clear, comp = (analysis._text(c) for c in (analysis.COMPILE_CLEAR, analysis.COMPILE))
+    assert _causes(err, "Compilation") == [clear, comp]
+    assert _causes(err, "Execution") == [clear, comp]
+    assert _names(err) == ["toy_clear_pending", "toy_clear_pending", "toy", "toy"]
+
+    loader = MpDeviceLoader([torch.ones(2, 3) * i for i in range(3)], dev)
+    for batch in loader:
+        _ = batch + 100
+    err = capsys.readouterr().err
+    assert set(_causes(err, "Execution")) == {analysis._text(analysis.PARALLEL_LOADER)}
+    assert len(_causes(err, "Execution")) == 3 and not _names(err)
+
+    with profiler.StepTrace("train_step", step_num=0):
+        _ = t * 2
+    err = capsys.readouterr().err
+    assert _causes(err, "Execution") == [analysis._text(analysis.STEP_TRACE)]
+
+    fn = torch.compile(lambda x: x * 100, backend="lazyxla")
+    fn(torch.randn(4, 4).to(dev) + 1)  # a pending input: run first, in its own graph
+    err = capsys.readouterr().err
+    dyn = analysis._text(analysis.DYNAMO_INPUTS)
+    assert _causes(err, "Compilation") == [dyn, "dynamo is compiling a FX graph to HLO"]
+    assert _causes(err, "Execution") == [dyn, "dynamo is executing a compiled program"]
+
+    (t + 1).sum().item()
+    err = capsys.readouterr().err
+    assert _causes(err, "Execution") == [analysis._text(analysis.VALUE_ACCESS)]
+
+    with eager_mode_context(True):
+        _ = torch.randn(3, device=dev) * 2
+        lazyxla.sync()
+    assert capsys.readouterr().err == ""
+
+
+def test_frames_stop_at_pt_xla_debug_max_frame(debug_level, capsys, monkeypatch):
+    """PT_XLA_DEBUG_MAX_FRAME frames (8 by default), innermost first from the sync call, then
+    torch_xla's "..........", when there are more."""
+    debug_level(1)
+
+    def nest(k: int) -> torch.Tensor:
+        if k:
+            return nest(k - 1)
+        out = (torch.randn(3).to(dev) * 5).sum()  # live, so the sync has a graph to run
+        lazyxla.sync()
+        return out
+
+    monkeypatch.setenv("PT_XLA_DEBUG_MAX_FRAME", "4")
+    nest(6)
+    frames = _blocks(capsys.readouterr().err, "Compilation")[0]
+    frames = frames[frames.index("Python Frame Triggered Execution: ") + 1 : -2]
+    assert frames[0].startswith("  sync (") and "api.py" in frames[0]
+    assert [f.split(" (")[0] for f in frames[1:4]] == ["  nest"] * 3
+    assert frames[4:] == ["  .........."]
+
+
 def test_off_by_default(capsys):
     (torch.randn(3).to(dev) + 7).cpu()
     assert "Analysis" not in capsys.readouterr().err
@@ -111,7 +190,9 @@ def test_save_tensors_file_appends_every_sync(tmp_path, fmt, marker):
     sections = text.split("[ScheduleSyncTensorsGraph]\n")[1:]
     assert len(sections) == 4  # three syncs and the read
     first = sections[0]
-    assert first.startswith("TensorsGraphInfo:\n  test_save_tensors_file_appends_every_sync (")
+    # The API call first, as torch_xla's golden dump shows `sync (.../torch_xla/torch_xla.py:87)`
+    assert first.startswith("TensorsGraphInfo:\n  sync (")
+    assert first.split("\n")[2].startswith("  test_save_tensors_file_appends_every_sync (")
     assert "\nRoot Hashes: (" in first and f"## BEGIN_GRAPH\n{marker}" in first
     assert first.endswith("## END_GRAPH\n\n") and "\nGraph Hash: " in first
     assert sections[0] == sections[1]  # the same step, the same graph

@@ -121,3 +121,79 @@ def test_view_plans_alternate_signatures_like_eager():
         t[:, ::2].mul_(2.0)
     assert torch.equal(xd.cpu(), x)
     assert torch.equal(xd.t()[1:, 2].cpu(), x.t()[1:, 2])
+
+
+def _inplace_ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    """In-place ops in alternating signatures; each writes a fresh clone (or a view of one)."""
+    i = (x * 10).to(torch.int32)
+    b = x.to(torch.bfloat16)
+    c = x.clone()
+    alias = c.detach()  # shares c's storage: a write to either is seen by both
+    out = [
+        x.clone().mul_(2.5),
+        x.clone().mul_(-0.0),
+        x.clone().mul_(0.25),  # same signature as 2.5: the plan replays with another scalar
+        x.clone().add_(w, alpha=2),
+        x.clone().add_(w, alpha=0.5),
+        x.clone().add_(w),
+        x.clone().div_(math.nan),
+        x.clone().mul_(torch.tensor(3.0, dtype=torch.float64)),  # 0-d CPU tensor operand
+        x.clone().lerp_(w, 0.3),
+        x.clone().zero_(),
+        x.clone().fill_(-0.0),
+        x.clone().fill_(2.5),
+        i.clone().add_(3),
+        i.clone().mul_(2),
+        b.clone().mul_(0.3),  # bf16 reads its scalar at float32 (Note [Scalar precision])
+        b.clone().add_(x),  # a float32 result cast into the bf16 target: the slow path's cast
+        x.clone().add_(b),
+        c.add_(1.5),
+        alias.mul_(3.0),  # through the alias: c sees it too
+        c,
+        x.clone().t().add_(w),  # a transposed base keeps its layout
+        x.clone()[1:].add_(0.5),  # a view target: its base gets the write
+        x.clone().clamp_(-0.5, 0.5),
+        x.clone().clamp_(-0.25, None),
+    ]
+    v = x.clone()
+    v[:, 1].mul_(4.0)  # through a view of a base with the same signature as a planned base op
+    out.append(v)
+    y = x.clone()
+    y.add_(y)  # the target is also the input
+    out.append(y)
+    u = x.clone()
+    row = u[1]
+    u.mul_(2.5)  # a planned write to a base: its views see it
+    out.append(row)
+    return out
+
+
+def test_inplace_plans_alternate_signatures_like_eager():
+    """In-place plans (Note [In-place recording plans]): alternating signatures, scalars,
+    aliases, views and casting writes record what the slow path would, values as in eager."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    ref = _inplace_ops(x, w)
+    xd, wd = x.to(DEV), w.to(DEV)
+    for _ in range(3):
+        out = _inplace_ops(xd, wd)
+        lazyxla.sync()
+        for r, o in zip(ref, out, strict=True):
+            assert o.dtype == r.dtype and o.shape == r.shape and o.stride() == r.stride()
+            o = o.cpu()
+            torch.testing.assert_close(o, r, equal_nan=True, rtol=1e-6, atol=1e-6)
+            assert torch.equal(torch.signbit(o), torch.signbit(r))
+
+
+def test_inplace_plan_keeps_eager_errors():
+    """A call whose result cannot be written into its target fails as in eager every time, also
+    after a call of another signature made a plan."""
+    xd = torch.randn(4, 4).to(DEV)
+    i = torch.arange(16, dtype=torch.int32).reshape(4, 4).to(DEV)
+    xd.clone().add_(1.5)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            i.clone().add_(1.5)
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape|must match"):
+            xd[:1].clone().add_(xd)
+        i.clone().add_(2)

@@ -318,3 +318,14 @@ def test_scalar_of_op_with_explicit_dtype_keeps_that_dtype():
         eager = torch.full_like(x, v, dtype=dtype)
         lazy = torch.full_like(x.to(lazyxla.device()), v, dtype=dtype).cpu()
         assert lazy.dtype == eager.dtype and torch.equal(lazy, eager), dtype
+
+
+def test_number_in_a_tensor_slot_of_an_overload_called_directly():
+    """`torch.ops.aten.sub.Tensor(1, x)` (decompositions emit it): the number is `self`."""
+    x = torch.tensor([1.5, -2.0, 0.25])
+    d = x.to(lazyxla.device())
+    for op, n in ((torch.ops.aten.sub.Tensor, 1), (torch.ops.aten.mul.Tensor, 2.5)):
+        got = op(n, d)
+        want = op(n, x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)

@@ -10,16 +10,31 @@ reason for a silent recompile in a training loop.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from . import ir
 from .config import FLAGS
 
-USER_SYNC = "user lazyxla.sync"
-VALUE_ACCESS = "most likely user code trying to access tensor value before lazyxla.sync"
+# Why a graph compiled or ran, in torch_xla's words (its tests and log parsers match them).
+# `{api}` is the module the program calls: `torch_xla` under the alias, else `lazyxla`.
+USER_SYNC = "user {api}.sync"
+VALUE_ACCESS = "most likely user code trying to access tensor value before {api}.sync"
+PARALLEL_LOADER = "{api}.sync in parallel loader at step end"
+STEP_TRACE = "{api}.sync when exiting a profiler StepTrace region"
+COMPILE_CLEAR = "{api}.compile clear the pending graph prior calling the target function"
+COMPILE = "{api}.compile"
+DYNAMO_INPUTS = "{api}.sync when dynamo processing input graphs"
+DYNAMO_EXECUTE = "dynamo is executing a compiled program"
+# A dynamo graph's compile has its own cause; its execution's is DYNAMO_EXECUTE.
+_COMPILE_CAUSE = {DYNAMO_EXECUTE: "dynamo is compiling a FX graph to HLO"}
+# Eager mode's op-by-op executions: torch_xla analyses none of them.
+QUIET = ""
 
 _RULE, _DASH = "=" * 80, "-" * 80
 _GB = float(1 << 30)
@@ -40,27 +55,74 @@ def level() -> int:
     return max(FLAGS.debug_level, 2 if FLAGS.pt_xla_debug else 0)
 
 
+def _text(cause: str) -> str:
+    from . import compat
+
+    return cause.format(api="torch_xla" if compat.is_installed() else "lazyxla")
+
+
+# The name of the graph being run, if its caller named it (`compile(name=...)`): a "Graph Name"
+# line in the analysis, as torch_xla prints it.
+_graph_name: list[str | None] = [None]
+
+
+@contextlib.contextmanager
+def graph_name(name: str | None) -> Iterator[None]:
+    saved, _graph_name[0] = _graph_name[0], name
+    try:
+        yield
+    finally:
+        _graph_name[0] = saved
+
+
 def graph_hash(cap: Any) -> str:
     return hashlib.md5(repr(cap.key).encode()).hexdigest()
 
 
-def _frames(limit: int = 10) -> list[str]:
-    """The Python frames that triggered the sync, innermost first, outside lazyxla and torch."""
+# The API functions a user calls to sync (`sync`, `mark_step`): shown as the innermost frame, as
+# torch_xla shows its `sync (torch_xla/torch_xla.py:87)`, although they live in lazyxla.
+ENTRY_POINTS: set[Any] = set()
+
+
+def _frames(limit: int | None = None) -> list[str]:
+    """The Python frames that triggered the sync, innermost first, outside lazyxla and torch
+    (PT_XLA_DEBUG_MAX_FRAME of them, 8 by default, then "..........", as in torch_xla)."""
+    if limit is None:
+        limit = int(os.environ.get("PT_XLA_DEBUG_MAX_FRAME", "8"))
     out: list[str] = []
     f: Any = sys._getframe(1)
-    while f is not None and len(out) < limit:
-        fn = f.f_code.co_filename
-        if not fn.startswith(ir._SKIP_PREFIXES) and not fn.startswith("<frozen"):
-            out.append(f"{f.f_code.co_name} ({fn}:{f.f_lineno})")
+    while f is not None:
+        if len(out) > limit:
+            out[limit:] = [".........."]
+            break
+        code = f.f_code
+        fn = code.co_filename
+        if code in ENTRY_POINTS or (
+            not fn.startswith(ir._SKIP_PREFIXES) and not fn.startswith("<frozen")
+        ):
+            out.append(f"{code.co_name} ({fn}:{f.f_lineno})")
         f = f.f_back
     return out
 
 
+def _num_inputs(cap: Any) -> int:
+    """The graph's parameters as torch_xla counts them: device data and lifted scalars, a random
+    op's (seed, offset) pair as its one seed."""
+    scalars = sum(
+        1
+        for n in cap.nodes
+        if n.op == ir.SCALAR and not (isinstance(n.meta, tuple) and n.meta[0] == "rng_offset")
+    )
+    return len(cap.data) + scalars
+
+
 def _block(prefix: str, title: str, cause: str, cap: Any, extra: list[str]) -> str:
-    lines = [_RULE, f"{title} Cause", f"  {cause}", *extra, "Graph Info: "]
+    lines = [_RULE, f"{title} Cause", f"  {_text(cause)}", *extra, "Graph Info: "]
+    if _graph_name[0]:
+        lines.append(f"  Graph Name: {_graph_name[0]}")
     lines += [
         f"  Graph Hash: {graph_hash(cap)}",
-        f"  Number of Graph Inputs: {len(cap.data)}",
+        f"  Number of Graph Inputs: {_num_inputs(cap)}",
         f"  Number of Graph Outputs: {len(cap.root_values)}",
         "Python Frame Triggered Execution: ",
     ]
@@ -82,6 +144,7 @@ def compilation(cap: Any, cause: str) -> None:
             f"  recompiled: this line compiled another graph before: {summary.diff(last[1])}"
         )
     _LAST_AT_SITE[site] = (h, summary)
+    cause = _COMPILE_CAUSE.get(cause, cause)
     _write("\n" + _block("Compilation Analysis", "Compilation", cause, cap, extra))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import graph, ir, random_state, runtime
+from . import analysis, graph, ir, random_state, runtime
 from .analysis import GraphSummary
 from .config import FLAGS
 from .tensor import DEVICE_TYPE, state
@@ -39,13 +39,24 @@ def real_devices() -> list[str]:
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
     """Run the pending graph of all live lazy tensors; afterwards they hold device data.
 
-    `reset_scope` is torch_xla's: whether the step ends the IR name scopes still open. lazyxla's
-    graph carries no name scopes (`xp.Trace` annotates the host trace, not the IR), so no scope
-    outlives a step whichever is asked; anything but a bool is refused.
+    `reset_scope` is torch_xla's: the step ends the scopes `xp.Trace` opened, and, as in
+    torch_xla, raises after running the step if one is still open (Note [Trace scopes]);
+    anything but a bool is refused.
     """
+    _sync(wait, reset_scope)
+
+
+def _sync(wait: bool = False, reset_scope: bool = True, cause: str | None = None) -> None:
     if not isinstance(reset_scope, bool):
         raise TypeError(f"sync(reset_scope=...) takes a bool, got {reset_scope!r}")
-    graph.sync(wait=wait)
+    graph.sync(wait=wait, cause=cause)
+    if reset_scope:
+        from . import profiler
+
+        profiler.check_scopes_empty()
+
+
+analysis.ENTRY_POINTS.add(sync.__code__)
 
 
 def manual_seed(seed: int) -> None:
@@ -142,7 +153,9 @@ class _Compile(contextlib.ContextDecorator):
         return functools.wraps(f)(super().__call__(body))
 
     def __enter__(self) -> _Compile:
-        sync()  # pending work from before the region is not part of the compiled graph
+        # pending work from before the region is not part of the compiled graph
+        with analysis.graph_name(f"{self.name}_clear_pending" if self.name else None):
+            _sync(cause=analysis.COMPILE_CLEAR)
         self._saved.append(graph._allow_execution)
         from . import eager
 
@@ -160,7 +173,8 @@ class _Compile(contextlib.ContextDecorator):
             return
         if self.max_different_graphs is not None:
             self._count_graph()
-        sync()
+        with analysis.graph_name(self.name):
+            _sync(cause=analysis.COMPILE)
 
     def _count_graph(self) -> None:
         cap = _capture(None)

@@ -294,6 +294,79 @@ def _check_tensor_need_materialization(tensors: Sequence[torch.Tensor]) -> list[
     return [state(t).is_pending for t in tensors]
 
 
+def _xla_tensors_from_aten(
+    tensors: Sequence[torch.Tensor], devices: Sequence[str], shardings: Any = None
+) -> list[torch.Tensor]:
+    """CPU tensors -> lazy tensors (one upload each; `requires_grad` kept)."""
+    from .xla_model import send_cpu_data_to_device
+
+    if len(devices) != len(tensors):
+        raise ValueError(
+            f"_xla_tensors_from_aten: {len(tensors)} tensors but {len(devices)} devices"
+        )
+    if shardings is not None and any(s is not None for s in shardings):
+        raise NotImplementedError(
+            "_xla_tensors_from_aten(shardings=...): use xs.mark_sharding on the result, or "
+            "xm.send_cpu_data_to_device(input_sharding=...)"
+        )
+    return [send_cpu_data_to_device(t, d)[0] for t, d in zip(tensors, devices)]
+
+
+def _get_xla_tensor_dimension_size(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """The size of `dim` as an int32 lazy tensor (XLA's GetDimensionSize). lazyxla's shapes are
+    static, so this is the exact size, data-dependent ops (nonzero, masked_select) included."""
+    return torch.tensor(tensor.size(dim), dtype=torch.int32, device=tensor.device)
+
+
+def _get_xla_tensor_shape_type(tensor: torch.Tensor) -> str:
+    """The XLA element type of the tensor's shape (`f32`, `bf16`, `s64`, `pred`, ...)."""
+    from .ir import _SHORT_DTYPE
+
+    return _SHORT_DTYPE.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
+
+
+def _unsafe_buffer_pointer(tensor: torch.Tensor) -> int:
+    """The address of the tensor's device buffer (computed first if pending)."""
+    from . import transfer
+
+    arr = transfer.materialize(tensor)
+    return int(arr.addressable_shards[0].data.unsafe_buffer_pointer())
+
+
+def _replace_xla_tensor(tensor: torch.Tensor, source: torch.Tensor) -> None:
+    """Make `tensor` (the same Python object, a Parameter stays one) hold `source`'s value and
+    shape: both then share one lazy value, as torch_xla's tensors then share one XLATensor.
+    torch_xla's FSDP frees a full parameter this way (replacing it with a 1-element tensor)."""
+    from .tensor import is_lazy
+
+    if not (is_lazy(tensor) and is_lazy(source)):
+        raise TypeError(
+            f"_replace_xla_tensor takes two lazyxla tensors, got {tensor.device} and "
+            f"{source.device}"
+        )
+    if tensor.dtype != source.dtype:
+        raise TypeError(
+            f"_replace_xla_tensor: dtypes differ ({tensor.dtype} vs {source.dtype}); cast first"
+        )
+    with torch.no_grad():
+        tensor.data = source
+
+
+def _get_git_revs() -> dict[str, str]:
+    """The source revisions: `xla` (lazyxla's git commit, else its version) and `torch`."""
+    import os
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return {"xla": rev or VERSION, "torch": getattr(torch.version, "git_version", "")}
+
+
 def _xla_runtime_is_initialized() -> bool:
     from jax._src import xla_bridge
 
@@ -375,6 +448,12 @@ def _make_xlac() -> types.ModuleType:
         _get_executed_fallback_ops,
         _check_tensor_need_materialization,
         _xla_runtime_is_initialized,
+        _xla_tensors_from_aten,
+        _get_xla_tensor_dimension_size,
+        _get_xla_tensor_shape_type,
+        _unsafe_buffer_pointer,
+        _get_git_revs,
+        _replace_xla_tensor,
         _set_use_eager_mode,
         _get_use_eager_mode,
     ):
@@ -544,6 +623,39 @@ def _unpatch_gru() -> None:
         torch.nn.GRU = GRU._orig
 
 
+_clip_grad_norm_orig: list[Any] = []
+
+
+def _patch_clip_grad_norm() -> None:
+    """`nn.utils.clip_grad_norm_` as `import torch_xla` patches it: with no gradients among lazy
+    parameters the (zero) norm is a lazy tensor, not a CPU one; otherwise torch's own."""
+    if _clip_grad_norm_orig:
+        return
+    original = torch.nn.utils.clip_grad_norm_
+
+    def clip_grad_norm_(
+        parameters: Any,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+        foreach: bool | None = None,
+    ) -> torch.Tensor:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        device = api.device()
+        if all(p.grad is None for p in params) and any(p.device == device for p in params):
+            return torch.tensor(0.0).to(device)
+        return original(params, max_norm, norm_type, error_if_nonfinite, foreach)
+
+    clip_grad_norm_._orig = original  # type: ignore[attr-defined]
+    _clip_grad_norm_orig.append(original)
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+
+
+def _unpatch_clip_grad_norm() -> None:
+    if _clip_grad_norm_orig:
+        torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_orig.pop()
+
+
 def _uninstall_xla_spelling() -> None:
     for key in ("lib", "aten_lib"):
         lib = _xla_spelling.pop(key, None)
@@ -636,6 +748,7 @@ def install() -> None:
     sys.meta_path.insert(0, _finder)
     _install_xla_spelling()
     _patch_gru()
+    _patch_clip_grad_norm()
     # torch.compile(backend="openxla") is PyTorch's own backend: it imports
     # torch_xla.core.dynamo_bridge, which the alias resolves to lazyxla's trace-once bridge.
 
@@ -649,6 +762,7 @@ def uninstall() -> None:
     _finder = None
     _uninstall_xla_spelling()
     _unpatch_gru()
+    _unpatch_clip_grad_norm()
     for name in [n for n in sys.modules if n == "torch_xla" or n.startswith("torch_xla.")]:
         del sys.modules[name]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import collectives, fallback, graph, metrics, random_state
+from . import analysis, collectives, fallback, graph, metrics, random_state
 from .ir import (
     DEVICE_DATA,
     SCALAR,
@@ -150,6 +150,14 @@ class Trace:
         self.n_roots = len(roots)
 
     def replay(self, args: Sequence[Any], sync: bool) -> Any:
+        if (
+            sync
+            and not self.collectives  # (their ordering token is an input: kept in one graph)
+            and any(leaf.kind == "arg" and state(args[leaf.arg]).is_pending for leaf in self.leaves)
+        ):
+            # As torch_xla's bridge: pending inputs run first, in their own graph, so the
+            # compiled program is the same whatever produced its inputs.
+            graph.sync(cause=analysis.DYNAMO_INPUTS)
         if self.collectives:
             args = [*args, collectives.current_token()]
         inputs: list[tuple[Node, int]] = []
@@ -181,9 +189,7 @@ class Trace:
             target = args[arg_index]
             write(state(target), (node, root))
         if sync and outs:
-            graph.sync_states(
-                [state(o) for o in outs], cause="a lazyxla-compiled (dynamo) function returned"
-            )
+            graph.sync_states([state(o) for o in outs], cause=analysis.DYNAMO_EXECUTE)
         result = []
         for kind, v in self.out_plan:
             if kind == "out":

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import graph, metrics
+from . import analysis, graph, metrics
 from .tensor import is_lazy, state
 
 # As torch_xla's eager mode names them: a sync() in eager mode records no CompileTime/ExecuteTime.
@@ -71,7 +71,7 @@ class _EagerMode(TorchDispatchMode):
             pending = graph.pending_states(states)
             if pending:
                 with metrics.renamed(_EAGER_NAMES):
-                    graph.sync_states(pending, wait=False)
+                    graph.sync_states(pending, wait=False, cause=analysis.QUIET)
         return result
 
 

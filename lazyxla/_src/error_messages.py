@@ -98,6 +98,45 @@ def _check_flip(op: OpOverload, vals: list[Any]) -> None:
         )
 
 
+def _check_flip_range(op: OpOverload, vals: list[Any]) -> None:
+    """torch_xla wraps flip's dims with a RuntimeError where eager raises IndexError."""
+    x, dims = vals[0], list(vals[1])
+    n = max(x.dim(), 1)
+    for d in dims:
+        if not -n <= d < n:
+            _fail(f"Value out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    _check_flip(op, vals)
+
+
+def _check_min_max_dim(op: OpOverload, vals: list[Any]) -> None:
+    """torch_xla raises RuntimeError (eager: IndexError) for a reduction over an empty dim."""
+    x, dim = vals[0], vals[1]
+    if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or x.dim() == 0:
+        return
+    if -x.dim() <= dim < x.dim() and x.shape[dim] == 0:
+        name = op._schema.name.split("::")[-1]
+        _fail(f"{name}(): Expected reduction dim {dim} to have non-zero size.")
+
+
+def _check_min_max_all(op: OpOverload, vals: list[Any]) -> None:
+    """Eager refuses a full min/max of an empty tensor (its meta kernel does not)."""
+    x = vals[0]
+    if isinstance(x, torch.Tensor) and x.numel() == 0:
+        name = op._schema.name.split("::")[-1]
+        _fail(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify "
+            "the reduction dim with the 'dim' argument."
+        )
+
+
+def _check_arange(op: OpOverload, vals: list[Any]) -> None:
+    """torch_xla refuses NaN and infinite bounds with its own message."""
+    start, end = (0, vals[0]) if op is aten.arange.default else (vals[0], vals[1])
+    for v in (start, end):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            _fail(f"unsupported range: {start} -> {end}")
+
+
 def _check_full(op: OpOverload, vals: list[Any]) -> None:
     size = list(vals[0])
     if any(isinstance(s, int) and s < 0 for s in size):
@@ -255,7 +294,14 @@ CHECKS: dict[OpOverload, Callable[[OpOverload, list[Any]], None]] = {
     aten.cat.default: _check_cat,
     aten.div.Tensor_mode: _check_div,
     aten.div.Scalar_mode: _check_div,
-    aten.flip.default: _check_flip,
+    aten.flip.default: _check_flip_range,
+    aten.max.dim: _check_min_max_dim,
+    aten.min.dim: _check_min_max_dim,
+    aten.max.default: _check_min_max_all,
+    aten.min.default: _check_min_max_all,
+    aten.arange.default: _check_arange,
+    aten.arange.start: _check_arange,
+    aten.arange.start_step: _check_arange,
     aten.full.default: _check_full,
     aten.gather.default: _check_gather,
     getattr(aten.random_, "from"): _check_random_from,

@@ -44,6 +44,10 @@ def _to_cpu(v: Any) -> Any:
 
 def _to_device(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
+        if v.layout != torch.strided:
+            # Lazy tensors are dense (as torch_xla's): a sparse result (embedding_bag's backward
+            # with sparse=True) comes back as its dense equivalent, as torch_xla's dense fallback.
+            v = v.to_dense()
         return upload(v)
     if isinstance(v, (list, tuple)):
         return type(v)(_to_device(x) for x in v)

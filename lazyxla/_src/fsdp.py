@@ -172,15 +172,7 @@ def _unwrapped_name(root: nn.Module, key: str) -> str:
 
 
 def checkpoint_module(module: nn.Module) -> nn.Module:
-    """Run `module.forward` under activation checkpointing (recomputed in the backward)."""
-    from torch.utils.checkpoint import checkpoint
+    """Run `module.forward` under activation checkpointing (`fsdp_utils.checkpoint_module`)."""
+    from .fsdp_utils import checkpoint_module as checkpointed
 
-    original = module.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return original(*args, **kwargs)
-        return checkpoint(original, *args, use_reentrant=False, **kwargs)
-
-    module.forward = forward
-    return module
+    return checkpointed(module)

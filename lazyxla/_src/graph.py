@@ -240,7 +240,7 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
         metrics.counter_inc("CachedCompile")
         return exe
     metrics.counter_inc("UncachedCompile")
-    debug = analysis.level()
+    debug = analysis.level() if cause is not analysis.QUIET else 0
     if debug:
         analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
@@ -469,7 +469,7 @@ def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> 
     exe = compile_capture(cap, cause)
     global last_executable
     last_executable = exe
-    if analysis.level() >= 2:
+    if cause is not analysis.QUIET and analysis.level() >= 2:
         analysis.execution(cap, cause)
     if cap.donate:
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
@@ -538,11 +538,12 @@ def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
 _FREEZES = [4]
 
 
-def sync(wait: bool = False) -> None:
-    """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`)."""
+def sync(wait: bool = False, cause: str | None = None) -> None:
+    """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`).
+    `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user's sync)."""
     metrics.counter_inc("MarkStep")
     compiles = metrics.counter_value("UncachedCompile")
-    sync_states(None, wait=wait)
+    sync_states(None, wait=wait, cause=cause)
     if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:
         _FREEZES[0] -= 1
         gc.freeze()  # See Note [Keeping the collector off long-lived objects]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import graph, runtime_api, xla_model
+from . import analysis, graph, runtime_api, xla_model
 
 _END = object()  # end of the data, sent once per transfer thread
 _POLL_S = 0.1
@@ -166,7 +166,7 @@ class PerDeviceLoader:
         """Sync the previous step (every `batches_per_execution` batches), then the next batch."""
         if self._mark_step_batch_count <= self._batches_yielded:
             self._batches_yielded = 0
-            graph.sync()
+            graph.sync(cause=analysis.PARALLEL_LOADER)
         else:
             self._batches_yielded += 1
         item = self._loader._pipeline.next_item(self._device)
@@ -174,7 +174,7 @@ class PerDeviceLoader:
             errors = self._loader._pipeline.errors
             if not errors.empty():
                 raise errors.get()
-            graph.sync()
+            graph.sync(cause=analysis.PARALLEL_LOADER)
             raise StopIteration
         sharding = self._loader._input_sharding
         if sharding is None and not runtime_api.is_spmd():

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from . import graph, runtime_api
+from . import analysis, graph, runtime_api
 
 _servers: dict[int, Any] = {}
 
@@ -135,23 +135,66 @@ def trace_detached(
     return t
 
 
+# Note [Trace scopes]
+# torch_xla's `xp.Trace` also pushes an IR scope (`<name>.<k>`, `k` counting the scopes pushed
+# since the last step), and a step that resets scopes (`torch_xla.sync()`, `reset_scope=True`)
+# inside an open one fails with "Expecting scope to be empty but it is <scope>": a region traced
+# by name must not span a step boundary. lazyxla keeps the same per-thread stack and check
+# (`check_scopes_empty`, called by `sync`), though its IR carries no scope names.
+_scopes = threading.local()
+
+
+def _scope_stack() -> list[str]:
+    stack = getattr(_scopes, "stack", None)
+    if stack is None:
+        stack = _scopes.stack = []
+        _scopes.count = 0
+    return stack
+
+
+def check_scopes_empty() -> None:
+    """A step that resets scopes: raise torch_xla's error if a `Trace` is open, and restart the
+    scope numbering (Note [Trace scopes])."""
+    stack = _scope_stack()
+    _scopes.count = 0
+    if stack:
+        raise RuntimeError(
+            f"Expecting scope to be empty but it is {stack[-1]}: torch_xla.sync() / "
+            "xm.mark_step() ran inside `xp.Trace` (or `@xp.trace_me`); end the trace before the "
+            "step, or sync with reset_scope=False"
+        )
+
+
 class Trace:
-    """Annotate a region as a named event in the host trace (`with xp.Trace('fwd'):`)."""
+    """Annotate a region as a named event in the host trace (`with xp.Trace('fwd'):`); see Note
+    [Trace scopes] for the step check."""
 
     def __init__(self, name: str, **kwargs: Any) -> None:
         self.name = name
         self.kwargs = kwargs
         self._annotation: Any = None
+        self._scope: str | None = None
 
     def _make(self) -> Any:
         return jax.profiler.TraceAnnotation(self.name, **self.kwargs)
 
     def __enter__(self) -> Trace:
+        stack = _scope_stack()
+        _scopes.count += 1
+        self._scope = f"{self.name}.{_scopes.count}"
+        stack.append(self._scope)
         self._annotation = self._make()
         self._annotation.__enter__()
         return self
 
+    def _pop_scope(self) -> None:
+        stack = _scope_stack()
+        if self._scope is not None and self._scope in stack:
+            stack.remove(self._scope)
+        self._scope = None
+
     def __exit__(self, *exc: Any) -> None:
+        self._pop_scope()
         self._annotation.__exit__(*exc)
         self._annotation = None
 
@@ -171,9 +214,10 @@ class StepTrace(Trace):
         return jax.profiler.StepTraceAnnotation(self.name, **kwargs)
 
     def __exit__(self, *exc: Any) -> None:
+        self._pop_scope()  # its own scope ends before the step, as in torch_xla
         try:
             if exc[0] is None:
-                graph.sync()
+                graph.sync(cause=analysis.STEP_TRACE)
         finally:
             super().__exit__(*exc)
 

@@ -8,6 +8,7 @@ inference, `record`) and keeps a plan; later calls of that signature replay the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from torch._ops import OpOverload
 from . import metrics
 from .config import FLAGS
 from .dispatch import (
+    _METADATA_INPLACE,
     GENERATOR,
     OPT_TENSOR,
     SCALAR,
@@ -35,6 +37,7 @@ from .dispatch import (
     infer_layout,
     record,
 )
+from .dispatch import inplace_kernel as _dispatch_inplace_kernel
 from .ir import SCALAR as _SCALAR_OP
 from .ir import Node, TensorSpec, node_with_desc, scalar_fast
 from .ops.registry import Lowering
@@ -167,6 +170,13 @@ class _Plan:
             self.outputs = (out_struct, strides, None)
 
     def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
+        node = self.node(vals, items, states)
+        struct, stride, nbytes = self.outputs
+        if nbytes is not None:
+            return new_tensor((node, 0), struct, stride, nbytes)
+        return _wrap_outputs(node, struct, [0], stride)
+
+    def node(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Node:
         inputs = []
         it = st = 0
         for i, dtype in self.sources:
@@ -180,7 +190,7 @@ class _Plan:
                 it += 1
             else:
                 inputs.append((scalar_fast(vals[i], dtype), 0))
-        node = node_with_desc(
+        return node_with_desc(
             self.name,
             self.rule,
             tuple(inputs),
@@ -190,10 +200,6 @@ class _Plan:
             self.desc,
             self.aten,
         )
-        struct, stride, nbytes = self.outputs
-        if nbytes is not None:
-            return new_tensor((node, 0), struct, stride, nbytes)
-        return _wrap_outputs(node, struct, [0], stride)
 
 
 class _NoPlan(Exception):
@@ -267,3 +273,80 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
 
     kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
     return kernel
+
+
+# Note [In-place recording plans]
+# An in-place op (`x.add_(y)`, `p.mul_(0.9)`, `g.zero_()`) records its functional twin's node and
+# writes it into its target. Its slow path also infers the in-place op's meta, checks the result
+# fits the target and that no input overlaps it, and casts the result to the target's dtype. For a
+# call whose lazy tensors are all bases (views can overlap; writing through one scatters into its
+# base), all of that depends only on the call's signature, so a plan made from the first call's
+# node replays it: the node is rebuilt from the call's values and becomes the target's value. Plans
+# are only made where the slow path wrote the functional node itself into the target (no cast).
+
+
+def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
+    """`dispatch.inplace_kernel`, with a recording plan per call signature in front of it for
+    single-target in-place ops (Note [In-place recording plans])."""
+    slow = _dispatch_inplace_kernel(op, functional, lw)
+    specs = [ArgSpec(a, lw) for a in op._schema.arguments]
+    fspecs = [ArgSpec(a, lw) for a in functional._schema.arguments]
+    writes = [i for i, s in enumerate(specs) if s.is_write]
+    fkinds = tuple(s.kind for s in fspecs)
+    name, counter = _op_name(functional), _counter_name(op)
+    if (
+        lw.random
+        or op is functional
+        or len(specs) != len(fspecs)
+        or len(writes) != 1
+        or specs[writes[0]].is_list_write
+        or op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
+        or not _FAST_KINDS.issuperset(fkinds)
+    ):
+        return slow
+    w = writes[0]
+    nargs = len(specs)
+    stores = name in STORES_SCALAR
+    returns_self = len(op._schema.returns) > 0
+    plans: dict[tuple, _Plan | None] = {}
+    counters = metrics._counters
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if FLAGS.ir_debug:
+            return slow(*args, **kwargs)
+        t0 = time.perf_counter_ns()
+        full = not kwargs and len(args) == nargs
+        vals = args if full else bind(specs, args, kwargs)
+        items: list[Any] = []
+        states: list[Any] = []
+        key = _plan_key(fkinds, vals, items, states)
+        if key is None:
+            return slow(*args, **kwargs)
+        target = vals[w]
+        ts = (
+            getattr(target.untyped_storage(), "_lx", None) if type(target) is torch.Tensor else None
+        )
+        if ts is None or any(s.base is not None for s in states):
+            return slow(*args, **kwargs)
+        plan = plans.get(key, _NO_PLAN_YET)
+        if plan is _NO_PLAN_YET:
+            out = slow(*args, **kwargs)
+            node, i = ts.value
+            plans[key] = None
+            if i == 0 and node.op == name and node.specs[0] == ts.spec and ts.base is None:
+                with contextlib.suppress(_NoPlan):
+                    plans[key] = _Plan(node, fkinds, list(vals), ts.spec, None, stores)
+            return out
+        if plan is None:
+            return slow(*args, **kwargs)
+        counters[counter] = counters.get(counter, 0) + 1
+        ts.value = (plan.node(vals, items, states), 0)  # `write` to a base
+        ts.version += 1
+        _trace(t0)
+        return target if returns_self else None
+
+    kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"
+    return kernel
+
+
+_NO_PLAN_YET = object()

@@ -22,6 +22,7 @@ import jax
 import torch
 
 from . import (
+    analysis,
     api,
     collectives,
     distributed,
@@ -34,6 +35,7 @@ from . import (
     step_closures,
 )
 from .ir import DEVICE_DATA, Node, Ref, device_data
+from .py_utils import DataWrapper
 from .tensor import DEVICE_TYPE, is_lazy, live_states, new_tensor, read, state, write
 
 REDUCE_SUM = "sum"
@@ -98,14 +100,24 @@ def xla_replication_devices(local_devices: Sequence[torch.device | str] | None =
     return of_kind
 
 
+def _replica() -> Any:
+    """(replicas, index) on a DataParallel replica thread, else None (Note [DataParallel
+    replicas])."""
+    from . import data_parallel
+
+    return data_parallel.current()
+
+
 def get_ordinal() -> int:
-    """This process's global ordinal: 0."""
-    return runtime_api.global_ordinal()
+    """This process's global ordinal (on a DataParallel replica thread: the replica's index)."""
+    replica = _replica()
+    return replica[1] if replica is not None else runtime_api.global_ordinal()
 
 
 def get_local_ordinal() -> int:
-    """This process's ordinal on its host: 0."""
-    return runtime_api.local_ordinal()
+    """This process's ordinal on its host (on a DataParallel replica thread: the replica's)."""
+    replica = _replica()
+    return replica[1] if replica is not None else runtime_api.local_ordinal()
 
 
 def is_master_ordinal(local: bool = True) -> bool:
@@ -114,8 +126,19 @@ def is_master_ordinal(local: bool = True) -> bool:
 
 
 def xrt_world_size() -> int:
-    """The number of replicas: 1 (torch_xla's old name for `runtime.world_size()`)."""
-    return runtime_api.world_size()
+    """The number of replicas (torch_xla's old name for `runtime.world_size()`; on a
+    DataParallel replica thread, the number of replicas of that call)."""
+    replica = _replica()
+    return replica[0].count if replica is not None else runtime_api.world_size()
+
+
+def _refuse_in_replica(name: str) -> None:
+    if _replica() is not None:
+        raise NotImplementedError(
+            f"xm.{name} inside a DataParallel replica: lazyxla's thread replicas reduce with "
+            "xm.all_reduce / xm.reduce_gradients / xm.optimizer_step only (Note [DataParallel "
+            "replicas]); for other collectives run one process per device (torch_xla.launch)"
+        )
 
 
 def master_print(*args: Any, fd: Any = None, local: bool = False, flush: bool = False) -> None:
@@ -136,6 +159,9 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
     """Run the pending graph, then the step closures (torch_xla's spelling of `sync`; see
     `lazyxla.sync` for `reset_scope`)."""
     api.sync(wait=wait, reset_scope=reset_scope)
+
+
+analysis.ENTRY_POINTS.add(mark_step.__code__)
 
 
 def wait_device_ops(devices: Sequence[Any] = ()) -> None:
@@ -167,6 +193,17 @@ def _gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     ]
 
 
+def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """torch_xla's private helper its tests use: each parameter's gradient (`.data`, so an
+    in-place change to it is not recorded by autograd), in param-group order."""
+    return [
+        p.grad.data
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if isinstance(p, torch.Tensor) and p.grad is not None
+    ]
+
+
 def reduce_gradients(
     optimizer: torch.optim.Optimizer, groups: Any = None, pin_layout: bool = True
 ) -> None:
@@ -180,6 +217,14 @@ def reduce_gradients(
     """
     if not isinstance(pin_layout, bool):
         raise TypeError(f"reduce_gradients(pin_layout=...) takes a bool, got {pin_layout!r}")
+    from . import data_parallel
+
+    replica = data_parallel.current()
+    if replica is not None:  # a DataParallel replica thread (Note [DataParallel replicas])
+        grads = _gradients(optimizer)
+        group = data_parallel._group_of(groups, replica[0].count, replica[1])
+        all_reduce(REDUCE_SUM, grads, scale=1.0 / len(group), groups=groups)
+        return
     count = runtime_api.world_size()
     if count <= 1 or not collectives.active():
         _check_groups(groups, "reduce_gradients")
@@ -247,6 +292,8 @@ def _map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return type(data)(_map_tensors(x, fn) for x in data)
     if isinstance(data, dict):
         return type(data)((k, _map_tensors(v, fn)) for k, v in data.items())
+    if isinstance(data, DataWrapper):  # torch_xla's xu.DataWrapper: rebuilt from its tensors
+        return data.from_tensors([_map_tensors(t, fn) for t in data.get_tensors()])
     return data
 
 
@@ -281,6 +328,42 @@ def wrap_uploaded(arr: jax.Array, t: torch.Tensor) -> torch.Tensor:
     spec = TensorSpec(tuple(t.shape), t.dtype)
     out = new_tensor((device_data(arr, spec), 0), spec)
     return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+
+def check_view_sharing(obj: Any) -> None:
+    """Raise `RuntimeError` if two different tensors inside `obj` (any nesting, as
+    `utils.for_each_instance` walks it) share storage: views of one another, which `save` and
+    `xser.save` would write as separate copies. One tensor reached twice is fine. Lazy tensors
+    compare by their storage's address (Note [Fake data pointers]), CPU tensors by theirs."""
+    from .py_utils import for_each_instance
+
+    seen: set[tuple[str, int]] = set()
+    owners: dict[int, torch.Tensor] = {}
+
+    def info(t: torch.Tensor) -> str:
+        return f"{t.dtype}{list(t.size())}"
+
+    def tensor_id(t: torch.Tensor) -> tuple[str, int]:
+        return ("xla", state(t).seq + 1) if is_lazy(t) else ("torch", id(t))
+
+    def check(t: torch.Tensor) -> None:
+        tid = tensor_id(t)
+        if tid in seen:
+            return
+        seen.add(tid)
+        address = t.untyped_storage().data_ptr()
+        if not address:
+            return
+        other = owners.get(address)
+        if other is not None:
+            raise RuntimeError(
+                f"Tensor ID {tid} ({info(t)}) is sharing a view with tensor ID "
+                f"{tensor_id(other)} ({info(other)}); save a copy (.clone()) of one of them, or "
+                "save the base and recreate the view after loading"
+            )
+        owners[address] = t
+
+    for_each_instance(obj, lambda v: type(v) is torch.Tensor, check)
 
 
 def send_cpu_data_to_device(
@@ -502,6 +585,16 @@ def all_reduce(
         for t, o in zip(inputs, out):
             t.copy_(o)
         return inputs
+    from . import data_parallel
+
+    if data_parallel.current() is not None:  # Note [DataParallel replicas]
+        out = data_parallel.all_reduce(reduce_type, tensors, scale, groups)
+        if isinstance(inputs, torch.Tensor):
+            return out[0]
+        with torch.no_grad():
+            for t, o in zip(inputs, out):
+                t.copy_(o)
+        return inputs
     if collectives.active() and torch.compiler.is_compiling() and not groups:
         # Under dynamo: torch's functional collective, which it traces into the graph (its
         # lazyxla kernel records the collective when the graph runs), as torch_xla does.
@@ -539,6 +632,7 @@ def all_gather(
     pin_layout: bool = True,
 ) -> torch.Tensor:
     """Concatenate every replica's `value` along `dim`; over one replica, a copy of `value`."""
+    _refuse_in_replica("all_gather")
     del pin_layout
     mesh = manual.in_manual_region([value])
     if mesh is not None:
@@ -578,6 +672,7 @@ def reduce_scatter(
 
     Over one replica (`shard_count` must be 1) that is `input * scale`.
     """
+    _refuse_in_replica("reduce_scatter")
     del pin_layout
     _check_reduce_type(reduce_type)
     single = isinstance(input, torch.Tensor)
@@ -652,6 +747,7 @@ def all_to_all(
     pin_layout: bool = True,
 ) -> torch.Tensor:
     """Split `value` among replicas and concatenate what each receives; one replica: a copy."""
+    _refuse_in_replica("all_to_all")
     del pin_layout
     mesh = manual.in_manual_region([value])
     if mesh is not None:
@@ -677,6 +773,7 @@ def collective_broadcast(
     Every replica records the same graph: a multiply by a device-data 1 (root) or 0 (others),
     then a sum over the replicas.
     """
+    _refuse_in_replica("collective_broadcast")
     del pin_layout
     if not collectives.active():
         _check_groups(groups, "collective_broadcast")
@@ -712,6 +809,7 @@ def collective_permute(value: torch.Tensor, pairs: Sequence[Sequence[int]]) -> t
     A replica that receives nothing gets zeros, as in XLA. With one replica the only valid pair is
     `[0, 0]`.
     """
+    _refuse_in_replica("collective_permute")
     mesh = manual.in_manual_region([value])
     if mesh is not None:
         return manual.collective_permute(value, mesh, pairs)

@@ -5,6 +5,7 @@ one-replica meaning. Processes started by `torch_xla.launch` / `xmp.spawn` / tor
 of one job, and the collectives cross them (Note [Cross-process collectives]).
 """
 
+from .._src.py_utils import ToXlaTensorArena as ToXlaTensorArena
 from .._src.xla_model import REDUCE_AND as REDUCE_AND
 from .._src.xla_model import REDUCE_MAX as REDUCE_MAX
 from .._src.xla_model import REDUCE_MIN as REDUCE_MIN
@@ -12,11 +13,13 @@ from .._src.xla_model import REDUCE_MUL as REDUCE_MUL
 from .._src.xla_model import REDUCE_OR as REDUCE_OR
 from .._src.xla_model import REDUCE_SUM as REDUCE_SUM
 from .._src.xla_model import RateTracker as RateTracker
+from .._src.xla_model import _fetch_gradients as _fetch_gradients
 from .._src.xla_model import add_step_closure as add_step_closure
 from .._src.xla_model import all_gather as all_gather
 from .._src.xla_model import all_gather_bucketized as all_gather_bucketized
 from .._src.xla_model import all_reduce as all_reduce
 from .._src.xla_model import all_to_all as all_to_all
+from .._src.xla_model import check_view_sharing as check_view_sharing
 from .._src.xla_model import collective_broadcast as collective_broadcast
 from .._src.xla_model import collective_permute as collective_permute
 from .._src.xla_model import fork_rng as fork_rng
@@ -59,11 +62,13 @@ __all__ = [
     "REDUCE_OR",
     "REDUCE_SUM",
     "RateTracker",
+    "ToXlaTensorArena",
     "add_step_closure",
     "all_gather",
     "all_gather_bucketized",
     "all_reduce",
     "all_to_all",
+    "check_view_sharing",
     "collective_broadcast",
     "collective_permute",
     "get_local_ordinal",

@@ -178,3 +178,21 @@ def test_full_graph_training_step_in_eager_mode():
         ref_loss.backward()
         ref_opt.step()
         torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_fetch_gradients_returns_each_grad_data_in_group_order():
+    """`xm._fetch_gradients` (torch_xla's helper its syncfree tests use to poison a gradient):
+    the `.data` of every gradient, in param-group order; writing one changes the parameter's
+    gradient without autograd seeing it."""
+    import lazyxla.core.xla_model as xm
+
+    a, b = torch.nn.Linear(3, 2).to(dev), torch.nn.Linear(2, 1).to(dev)
+    opt = torch.optim.SGD([{"params": a.parameters()}, {"params": b.parameters()}], lr=0.1)
+    b(a(torch.randn(4, 3, device=dev))).sum().backward()
+    b.bias.grad = None
+    grads = xm._fetch_gradients(opt)
+    assert len(grads) == 3
+    for g, p in zip(grads, [a.weight, a.bias, b.weight]):
+        assert not g.requires_grad and g.untyped_storage()._lx is p.grad.untyped_storage()._lx
+    grads[0].mul_(torch.nan)
+    assert torch.isnan(a.weight.grad.cpu()).all()

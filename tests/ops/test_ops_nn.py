@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from util import assert_same, check, leaf, to_cpu, to_lazy
+from util import DEV, assert_same, check, leaf, to_cpu, to_lazy
 
 
 def rnd(*shape, seed=0, grad=True, dtype=torch.float32):
@@ -43,6 +43,40 @@ TARGET = torch.tensor([1, 0, 4, 4, 2, 3])
 )
 def test_nll_loss(kw):
     check(lambda x, t: F.nll_loss(F.log_softmax(x, -1), t, **kw), rnd(6, 5), TARGET)
+
+
+def test_nll_loss_float_target_reads_class_indices_as_torch_xla(monkeypatch):
+    """Note [Float class targets]: under the torch_xla alias a float target (eager refuses it) is
+    truncated to class indices, forward and backward; the reference is eager with the int64
+    target. Without the alias, eager's error."""
+    from lazyxla._src import compat
+
+    x = rnd(6, 5)
+    logp = F.log_softmax(x.detach(), -1)
+    for bad in (torch.zeros(6), torch.zeros(6, dtype=torch.int32)):
+        with pytest.raises(RuntimeError) as eager_err:
+            F.nll_loss(logp, bad)
+        with pytest.raises(RuntimeError) as lazy_err:
+            F.nll_loss(logp.to(DEV), bad.to(DEV))
+        assert str(lazy_err.value) == str(eager_err.value)
+    byte = torch.tensor([0, 1, 4, 3, 2, 0], dtype=torch.uint8)  # eager takes Byte targets
+    assert_same(F.nll_loss(logp.to(DEV), byte.to(DEV)), F.nll_loss(logp, byte))
+    monkeypatch.setattr(compat, "is_installed", lambda: True)
+    ft = torch.tensor([0.0, 1.7, 4.0, 3.2, 2.0, 0.9])
+    xl = x.detach().to(DEV).requires_grad_()
+    got = F.nll_loss(F.log_softmax(xl, -1), ft.to(DEV))
+    got.backward()
+    xe = x.detach().requires_grad_()
+    want = F.nll_loss(F.log_softmax(xe, -1), ft.long())
+    want.backward()
+    assert_same(got, want)
+    assert_same(xl.grad, xe.grad)
+    img = rnd(2, 3, 4, 4)
+    t2 = torch.randint(0, 3, (2, 4, 4)).float()
+    assert_same(
+        F.nll_loss(F.log_softmax(img.to(DEV), 1), t2.to(DEV)),
+        F.nll_loss(F.log_softmax(img, 1), t2.long()),
+    )
 
 
 @pytest.mark.parametrize(

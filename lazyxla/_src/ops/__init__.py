@@ -84,6 +84,10 @@ def install() -> None:
             dispatch.register_kernel(op, dispatch.as_strided_kernel(lw.rule, SCATTERS[op]))
         elif op in VIEWS:
             dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
+        elif op in nn.FLOAT_TARGET_POSITION:  # Note [Float class targets]
+            kernel = recording.functional_kernel(op, lw)
+            pos = nn.FLOAT_TARGET_POSITION[op]
+            dispatch.register_kernel(op, nn.float_target_as_index(kernel, pos))
         else:
             dispatch.register_kernel(op, recording.functional_kernel(op, lw))
     # Derived variants: every in-place and out= overload of a lowered packet.
@@ -101,7 +105,7 @@ def install() -> None:
                 if f is None:
                     f = _functional_of_out(op)
                 if f is not None and f in functional:
-                    dispatch.register_kernel(op, dispatch.inplace_kernel(op, f, functional[f]))
+                    dispatch.register_kernel(op, recording.inplace_kernel(op, f, functional[f]))
     for op, lw in LOWERINGS.items():
         if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
             dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))

@@ -49,8 +49,8 @@ _UNARY = {
     aten.erfc.default: jax.scipy.special.erfc,
     aten.erfinv.default: jax.scipy.special.erfinv,
     aten.reciprocal.default: jnp.reciprocal,
-    aten.sign.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
-    aten.sgn.default: lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x),
+    aten.sign.default: lambda x: _sign(x),
+    aten.sgn.default: lambda x: _sign(x),
     aten.floor.default: jnp.floor,
     aten.ceil.default: jnp.ceil,
     aten.round.default: jnp.round,
@@ -104,6 +104,19 @@ _BINARY = {
     aten.copysign.Tensor: jnp.copysign,
     aten.copysign.Scalar: jnp.copysign,
 }
+
+
+def _sign(x: jax.Array) -> jax.Array:
+    """Eager's sign/sgn: `(0 < x) - (x < 0)` for reals, so NaN and -0.0 give +0 (jnp.sign keeps
+    them); for complex `x / |x|` as a complex division (eager's inf+0j gives nan+nanj), 0 at 0."""
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        mag = jnp.abs(x)
+        quotient = x / jax.lax.complex(mag, jnp.zeros_like(mag))
+        return jnp.where(mag == 0, jnp.zeros_like(x), quotient)
+    one, zero = jnp.ones_like(x), jnp.zeros_like(x)
+    return jnp.where(x > 0, one, zero) - jnp.where(x < 0, one, zero)
 
 
 # Unary ops whose integer/bool input keeps its dtype; every other one computes an integer or bool

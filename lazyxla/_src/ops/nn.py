@@ -130,6 +130,42 @@ def nll_loss2d_backward(grad, x, target, weight, reduction, ignore_index, total_
     return nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight)
 
 
+# Note [Float class targets]
+# torch_xla's nll_loss takes a floating-point `target` and reads it as class indices (its lowering
+# converts it); eager refuses one ("expected scalar type Long but found Float"). torch_xla
+# programs rely on that (pytorch/xla's own syncfree-optimizer and sharding tests pass
+# `torch.zeros(n)` as NLLLoss targets), so under the torch_xla alias the kernels of these ops
+# convert a floating target with `.long()` (truncation, as torch_xla's convert does) before
+# recording. A lazyxla program without the alias gets eager's error, as on any other device.
+FLOAT_TARGET_POSITION = {
+    aten.nll_loss_forward.default: 1,
+    aten.nll_loss2d_forward.default: 1,
+    aten.nll_loss_backward.default: 2,
+    aten.nll_loss2d_backward.default: 2,
+}
+
+
+def float_target_as_index(kernel, pos: int):
+    """`kernel` with a floating-point class target at `pos` read as int64 (Note [Float class
+    targets])."""
+
+    from .. import compat
+    from ..dispatch import _dtype_name
+
+    def with_index_target(*args, **kwargs):
+        t = args[pos] if len(args) > pos else None
+        if t is not None and t.dtype != torch.int64:
+            if t.dtype == torch.uint8 or (t.is_floating_point() and compat.is_installed()):
+                args = (*args[:pos], t.long(), *args[pos + 1 :])  # eager reads Byte as indices
+            else:
+                raise RuntimeError(
+                    f"expected target dtype to be Long or Byte, but got {_dtype_name(t.dtype)}"
+                )
+        return kernel(*args, **kwargs)
+
+    return with_index_target
+
+
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     xf = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
