@@ -559,6 +559,19 @@ def _check_groups(groups: Any, what: str) -> None:
             )
 
 
+def _results(
+    inputs: torch.Tensor | list[torch.Tensor], out: list[torch.Tensor], no_grad: bool = True
+) -> torch.Tensor | list[torch.Tensor]:
+    """A reduction's results as `all_reduce` returns them: a new tensor for a tensor, or written
+    into the list's tensors (in place) for a list."""
+    if isinstance(inputs, torch.Tensor):
+        return out[0]
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
+        for t, o in zip(inputs, out):
+            t.copy_(o)
+    return inputs
+
+
 def _scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
     return t * scale if scale != 1.0 else t.clone()
 
@@ -580,40 +593,20 @@ def all_reduce(
     mesh = manual.in_manual_region(tensors)
     if mesh is not None:  # SPMD manual region: a real collective over mesh axes
         out = [manual.all_reduce(t, mesh, reduce_type, scale, groups) for t in tensors]
-        if isinstance(inputs, torch.Tensor):
-            return out[0]
-        for t, o in zip(inputs, out):
-            t.copy_(o)
-        return inputs
+        return _results(inputs, out, no_grad=False)
     from . import data_parallel
 
     if data_parallel.current() is not None:  # Note [DataParallel replicas]
-        out = data_parallel.all_reduce(reduce_type, tensors, scale, groups)
-        if isinstance(inputs, torch.Tensor):
-            return out[0]
-        with torch.no_grad():
-            for t, o in zip(inputs, out):
-                t.copy_(o)
-        return inputs
+        return _results(inputs, data_parallel.all_reduce(reduce_type, tensors, scale, groups))
     if collectives.active() and torch.compiler.is_compiling() and not groups:
         # Under dynamo: torch's functional collective, which it traces into the graph (its
         # lazyxla kernel records the collective when the graph runs), as torch_xla does.
         out = [torch.ops._c10d_functional.all_reduce(t, reduce_type, "") for t in tensors]
         out = [torch.ops._c10d_functional.wait_tensor(o) for o in out]
         out = [o * scale if scale != 1.0 else o for o in out]
-        if isinstance(inputs, torch.Tensor):
-            return out[0]
-        for t, o in zip(inputs, out):
-            t.copy_(o)
-        return inputs
+        return _results(inputs, out, no_grad=False)
     if collectives.active():  # Note [Cross-process collectives]
-        out = collectives.all_reduce(tensors, reduce_type, scale, groups)
-        if isinstance(inputs, torch.Tensor):
-            return out[0]
-        with torch.no_grad():
-            for t, o in zip(inputs, out):
-                t.copy_(o)
-        return inputs
+        return _results(inputs, collectives.all_reduce(tensors, reduce_type, scale, groups))
     _check_groups(groups, "all_reduce")
     if isinstance(inputs, torch.Tensor):
         return _scaled(inputs, scale)
