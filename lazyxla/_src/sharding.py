@@ -21,7 +21,7 @@ import enum
 import functools
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -456,6 +456,20 @@ def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedShardi
 
         write(s, emit("xla::mark_sharding", _constraint_rule, ((node, k),), (Ref(0), named), spec))
     s.sharding = ann
+
+
+def clone_keeps_sharding(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`clone`'s kernel, whose result keeps its input's sharding annotation, as torch_xla's clone
+    (and so `copy.deepcopy`) keeps the sharding spec."""
+
+    def clone(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = kernel(x, *args, **kwargs)
+        ann = state(x).sharding
+        if isinstance(ann, ShardingAnnotation):
+            annotate(out, ann, ann.named)
+        return out
+
+    return clone
 
 
 def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: tuple) -> XLAShardedTensor:

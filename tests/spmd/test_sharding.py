@@ -209,3 +209,24 @@ def test_uneven_split_gives_padded_shards(mesh):
     torch.testing.assert_close(last.unpadded_data, x[6:7, 4:8])
     assert last.data[1].abs().sum() == 0  # the padding row
     torch.testing.assert_close((st.global_tensor * 2).cpu(), x * 2)
+
+
+def test_clone_and_deepcopy_keep_the_sharding(mesh):
+    """As torch_xla's clone: the copy carries its source's sharding (pending or data), values
+    equal; the source keeps its own."""
+    import copy
+
+    x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    t = x.to(dev)
+    xs.mark_sharding(t, mesh, ("x", "y"))
+    spec = lazyxla.debug.sharding_spec(t)
+    pending = (t * 2).clone()  # a pending source with no sharding: none on its clone
+    assert lazyxla.debug.sharding_spec(pending) == ""
+    for copied in (t.clone(), copy.deepcopy(t)):
+        assert lazyxla.debug.sharding_spec(copied) == spec
+        assert lazyxla.debug.sharding_spec(t) == spec
+        torch.testing.assert_close(copied.cpu(), x)
+    lazyxla.sync()
+    u = t.clone() + 1
+    lazyxla.sync()
+    assert len(u.cpu()) == 8 and torch.equal(u.cpu(), x + 1)

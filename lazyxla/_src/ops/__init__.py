@@ -74,7 +74,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from .. import dispatch, recording
+    from .. import dispatch, recording, sharding
     from . import special
     from .shape import SCATTERS, VIEWS
 
@@ -84,6 +84,9 @@ def install() -> None:
             dispatch.register_kernel(op, dispatch.as_strided_kernel(lw.rule, SCATTERS[op]))
         elif op in VIEWS:
             dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
+        elif op is aten.clone.default:
+            kernel = recording.functional_kernel(op, lw)
+            dispatch.register_kernel(op, sharding.clone_keeps_sharding(kernel))
         elif op in nn.FLOAT_TARGET_POSITION:  # Note [Float class targets]
             kernel = recording.functional_kernel(op, lw)
             pos = nn.FLOAT_TARGET_POSITION[op]
