@@ -5,6 +5,7 @@ values and dtypes."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -48,6 +49,15 @@ def _ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
         torch.clamp(x, -0.25, 0.75),
         x.sum(0, keepdim=True),
         x.sum(1),
+        # A unit 0-d CPU tensor (baked) before a lifted one: the plan must lift the second.
+        torch.where(x > 0, torch.tensor(1.0), torch.tensor(2.5)),
+        torch.where(x > 0, torch.tensor(1.0), torch.tensor(-3.5)),
+        torch.addcmul(x, torch.tensor(1.0), torch.tensor(0.75)),
+        torch.addcmul(x, torch.tensor(0.0), torch.tensor(1.25)),
+        torch.cat([x, w]),  # tensor lists: their lengths are part of the signature
+        torch.cat([x, w, x]),
+        torch.cat([w, x.t()]),
+        torch.stack([x, w], 1),
     ]
 
 
@@ -197,3 +207,73 @@ def test_inplace_plan_keeps_eager_errors():
         with pytest.raises(RuntimeError, match="doesn't match the broadcast shape|must match"):
             xd[:1].clone().add_(xd)
         i.clone().add_(2)
+
+
+def _foreach_ops(xs: list[torch.Tensor], ws: list[torch.Tensor], k: float) -> list[torch.Tensor]:
+    """Foreach ops (lists and scalar lists) in alternating signatures, an optimizer's shapes."""
+    a = [x.clone() for x in xs]
+    torch._foreach_mul_(a, k)
+    torch._foreach_lerp_(a, ws, 0.1)
+    torch._foreach_addcmul_(a, ws, ws, 1 - k)
+    r = torch._foreach_sqrt(torch._foreach_abs(a))
+    torch._foreach_div_(r, [k, 2.0 * k, 1.0][: len(r)])
+    torch._foreach_add_(r, 1e-8)
+    torch._foreach_addcdiv_(a, ws, r, [-k, 1.0, 0.0][: len(a)])
+    b = [x.clone() for x in xs[:2]]
+    torch._foreach_mul_(b, [1.0, k][: len(b)])
+    return [*a, *r, *b]
+
+
+def test_foreach_plans_like_eager():
+    """Foreach recording plans: list lengths, lifted and baked scalar-list entries, and new
+    scalar values each call, as eager computes them."""
+    torch.manual_seed(0)
+    shapes = [(4, 4), (3,), (2, 5)]
+    xs = [torch.randn(s) for s in shapes]
+    ws = [torch.randn(s) for s in shapes]
+    xd, wd = [x.to(DEV) for x in xs], [w.to(DEV) for w in ws]
+    for k in (0.5, 0.25, 0.75):
+        for n in (3, 2, 3):
+            ref = _foreach_ops(xs[:n], ws[:n], k)
+            out = _foreach_ops(xd[:n], wd[:n], k)
+            lazyxla.sync()
+            for r, o in zip(ref, out, strict=True):
+                torch.testing.assert_close(o.cpu(), r, rtol=1e-6, atol=1e-6)
+
+
+def test_foreach_ops_that_alias_run_index_by_index():
+    """Note [Foreach ops that alias]: eager's CPU foreach ops run tensor by tensor, so a tensor
+    written at one index and read at another sees the new value; written twice, it is written
+    twice. Also after a disjoint call of the same signature made a plan."""
+    results = {}
+    for dev in ("cpu", DEV):
+        a, b = torch.ones(3, device=dev), torch.full((3,), 2.0, device=dev)
+        c, d = torch.ones(3, device=dev), torch.full((3,), 2.0, device=dev)
+        s0, e = torch.tensor(2.0, device=dev), torch.ones(3, device=dev)
+        for _ in range(2):
+            torch._foreach_add_([c, d], [d.clone(), c.clone()])  # disjoint: a plan
+            torch._foreach_add_([a, b], [b, a])
+            torch._foreach_add_([a, a], 1.5)
+            torch._foreach_mul_([s0, e], s0)  # the Tensor operand is also written
+        results[dev] = [t.cpu() for t in (a, b, c, d, s0, e)]
+    for r, o in zip(results["cpu"], results[DEV], strict=True):
+        torch.testing.assert_close(o, r)
+
+
+def test_foreach_adamw_steps_like_eager():
+    """AdamW's foreach step (planned after its first call) over several steps, as in eager."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    dev_model = copy.deepcopy(model).to(DEV)
+    runs = []
+    for m, dx, dy in ((model, x, y), (dev_model, x.to(DEV), y.to(DEV))):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.05, weight_decay=0.1, foreach=True)
+        for _ in range(4):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(dx), dy).backward()
+            opt.step()
+            lazyxla.sync()
+        runs.append([p.detach().cpu() for p in m.parameters()])
+    for r, o in zip(*runs, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)

@@ -802,11 +802,21 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
     overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
     check_overlap = not reshapes
+    foreach = len(writes) == 1 and specs[writes[0]].is_list_write
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)
+        if foreach and foreach_aliases(vals, specs, writes[0]):
+            for one in _per_index(vals, specs):  # Note [Foreach ops that alias]
+                run(one)
+        else:
+            run(vals)
+        _trace(t0)
+        return vals[writes[0]] if returns_self else None
+
+    def run(vals: list[Any]) -> None:
         out_struct = infer(functional, fspecs, vals, lw)
         if not _fits(out_struct, vals, specs, writes):
             # PyTorch's own error for a broadcast into self (the in-place meta kernel's), then
@@ -822,8 +832,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
             _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
             vals[writes[0]].data = out
-            _trace(t0)
-            return vals[writes[0]]
+            return
         # The results are written straight from the node's outputs: no lazy tensor is made for
         # a value only written into another (Adam's foreach ops: 1/4 of their recording time).
         node, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg, wrap=False)
@@ -836,12 +845,56 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                 res = res if specs[i].is_list_write else (res,)
                 for t, r in zip(targets, res):
                     _write_value(t, (node, r))
-        _trace(t0)
-        if returns_self:
-            return vals[writes[0]]
-        return None
 
     return kernel
+
+
+# Note [Foreach ops that alias]
+# Eager's foreach ops on the CPU run tensor by tensor: `_foreach_add_([a, b], [b, a])` adds the
+# new `a` into `b`, and `_foreach_add_([a, a], 1)` adds twice. One node computing every output
+# from the old values would not. So a foreach op one of whose written tensors is also read at
+# another index (or written twice) is recorded one index at a time, as eager computes it; the
+# common case (an optimizer's step: disjoint lists) stays one node.
+_LISTS = (TENSOR_LIST, OPT_TENSOR_LIST)
+
+
+def foreach_aliases(vals: list[Any], specs: list[ArgSpec], w: int) -> bool:
+    """Whether a foreach op writing the tensors `vals[w]` reads one of them at another index."""
+    where: dict[int, int] = {}
+    for i, t in enumerate(vals[w]):
+        s = state(t)
+        if where.setdefault(id(s.base or s), i) != i:
+            return True  # written twice
+    for j, sp in enumerate(specs):
+        v = vals[j]
+        if j == w or v is None:
+            continue
+        if sp.kind in _LISTS:
+            for i, t in enumerate(v):
+                if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
+                    s = state(t)
+                    if where.get(id(s.base or s), i) != i:
+                        return True
+        elif sp.kind in (TENSOR, OPT_TENSOR) and isinstance(v, torch.Tensor):
+            if v.device.type == DEVICE_TYPE and len(where) > 1:
+                s = state(v)
+                if id(s.base or s) in where:
+                    return True
+    return False
+
+
+def _per_index(vals: list[Any], specs: list[ArgSpec]) -> list[list[Any]]:
+    """A foreach call's arguments split into one call per index (lists of one element)."""
+    n = len(next(v for sp, v in zip(specs, vals) if sp.is_list_write))
+    return [
+        [
+            v[i : i + 1]
+            if sp.kind in (*_LISTS, SCALAR_LIST) and isinstance(v, (list, tuple))
+            else v
+            for sp, v in zip(specs, vals)
+        ]
+        for i in range(n)
+    ]
 
 
 _VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int]] = {}

@@ -23,9 +23,11 @@ from .dispatch import (
     GENERATOR,
     OPT_TENSOR,
     SCALAR,
+    SCALAR_LIST,
     STATIC,
     STORES_SCALAR,
     TENSOR,
+    TENSOR_LIST,
     ArgSpec,
     _counter_name,
     _dtype_arg,
@@ -34,6 +36,7 @@ from .dispatch import (
     _trace,
     _wrap_outputs,
     bind,
+    foreach_aliases,
     infer_layout,
     record,
 )
@@ -52,9 +55,11 @@ from .tensor import check_device, new_tensor, read, storage_nbytes
 # A later call with the same signature only reads its tensors' values, lifts its scalars and
 # builds the node and the output tensors. The signature holds everything the slow path's choices
 # depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
-# number and a 0-d tensor promote differently), and ops with list, generator, device or float
-# static arguments, random ops, and XLA_IR_DEBUG (source lines) always take the slow path.
-_FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC))
+# number and a 0-d tensor promote differently; a tensor list's length), and ops with lists of
+# optional tensors, generator, device or float static arguments, random ops, and XLA_IR_DEBUG
+# (source lines) always take the slow path. Only lifted values are read from a later call: a
+# unit (a baked 0 or 1) is in the signature itself.
+_FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
 _EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout)
 
@@ -63,8 +68,8 @@ def _plan_key(
     kinds: tuple[int, ...], vals: list[Any] | tuple, items: list[Any], states: list[Any]
 ) -> tuple | None:
     """The recording signature of a call (Note [Recording plans]), or None: no plan for it.
-    `items` receives the values of the call's 0-d CPU tensors, `states` its lazy tensors'
-    states, in order."""
+    `items` receives the values the call lifts from its 0-d CPU tensors and scalar lists,
+    `states` its lazy tensors' states, in order."""
     key: list[Any] = []
     ref = None
     wrapped = None
@@ -96,6 +101,40 @@ def _plan_key(
                 key.append((t, *v))
             else:
                 return None
+        elif k == TENSOR_LIST:  # (`cat`'s tensors, a foreach op's lists)
+            if t is not list and t is not tuple:
+                return None
+            key.append(len(v))  # ([a, b], [c]) and ([a], [b, c]) are two signatures
+            for e in v:
+                s = (
+                    getattr(e.untyped_storage(), "_lx", None)
+                    if isinstance(e, torch.Tensor)
+                    else None
+                )
+                if s is None:
+                    return None  # a CPU tensor or None in the list: slow path
+                if ref is None:
+                    ref = e
+                states.append(s)
+                key.append(s.spec if s.base is None else (s.spec, e.stride()))
+                if s.stride is not None:
+                    key.append(s.stride)
+        elif k == SCALAR_LIST:  # (a foreach op's per-tensor scalars: Adam's step sizes)
+            if t is not list and t is not tuple:
+                return None
+            key.append(len(v))
+            for e in v:
+                te = type(e)
+                if te is float or te is int:
+                    if e != 0 and e != 1 or not _is_unit(e):
+                        items.append(e)
+                        key.append((te, _LIFTED))
+                    else:
+                        key.append((te, e))
+                elif te is bool:
+                    key.append((bool, e))
+                else:
+                    return None
         elif k == SCALAR or not isinstance(v, torch.Tensor):
             return None
         else:
@@ -110,8 +149,11 @@ def _plan_key(
                     key.append(s.stride)
             elif v.is_cpu and not v.dim():
                 x = v.item()
-                items.append(x)
-                key.append((v.dtype, x if _is_unit(x) else _LIFTED))
+                if _is_unit(x):  # baked: the key holds it
+                    key.append((v.dtype, x))
+                else:
+                    items.append(x)
+                    key.append((v.dtype, _LIFTED))
                 wrapped = [v] if wrapped is None else [*wrapped, v]
             else:
                 return None
@@ -138,20 +180,32 @@ class _Plan:
         strides: Any,
         stores: bool = False,
     ) -> None:
-        # Where each input of `node` came from: (position, None) a lazy tensor, (position,
-        # dtype) a lifted scalar (the position's 0-d CPU tensor or Python number).
-        sources: list[tuple[int, Any]] = []
+        # Where each input of `node` came from, in order: (None, None) the next lazy tensor
+        # (`states`), (None, dtype) the next value lifted from a 0-d CPU tensor or a scalar list
+        # (`items`), (position, dtype) the Python number at that position.
+        sources: list[tuple[int | None, Any]] = []
         inputs = node.inputs
+
+        def lifted(dtype_from: int | None) -> None:
+            j = len(sources)
+            if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
+                raise _NoPlan
+            sources.append((dtype_from, inputs[j][0].specs[0].dtype))
+
         for i, v in enumerate(vals):
-            if isinstance(v, torch.Tensor) and not v.is_cpu:
-                sources.append((i, None))
-            elif kinds[i] != STATIC and (
-                _is_lifted(v) or stores and kinds[i] == SCALAR and type(v) in (bool, int, float)
+            k = kinds[i]
+            if k == TENSOR_LIST:
+                sources.extend((None, None) for _ in v)
+            elif k == SCALAR_LIST:
+                for e in v:
+                    if _is_lifted(e):
+                        lifted(None)
+            elif isinstance(v, torch.Tensor) and not v.is_cpu:
+                sources.append((None, None))
+            elif k != STATIC and (
+                _is_lifted(v) or stores and k == SCALAR and type(v) in (bool, int, float)
             ):  # (a fill's Scalar is lifted even when a unit: STORES_SCALAR)
-                j = len(sources)
-                if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
-                    raise _NoPlan
-                sources.append((i, inputs[j][0].specs[0].dtype))
+                lifted(None if isinstance(v, torch.Tensor) else i)
         if len(sources) != len(inputs):
             raise _NoPlan
         self.name = node.op
@@ -185,7 +239,7 @@ class _Plan:
                 st += 1
                 b = s.base
                 inputs.append(s.value if b is None or s.seen == b.version else read(s))
-            elif isinstance(vals[i], torch.Tensor):
+            elif i is None:
                 inputs.append((scalar_fast(items[it], dtype), 0))
                 it += 1
             else:
@@ -283,6 +337,11 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
 # base), all of that depends only on the call's signature, so a plan made from the first call's
 # node replays it: the node is rebuilt from the call's values and becomes the target's value. Plans
 # are only made where the slow path wrote the functional node itself into the target (no cast).
+# A foreach op (`_foreach_mul_(exp_avgs, beta)`, `_foreach_addcdiv_(params, m, v, step_sizes)`:
+# an optimizer's whole step) writes output i of its node into the i-th tensor of its first list;
+# its signature holds each list's length and tensors, and which of a scalar list's values are
+# lifted. One that reads a tensor it writes at another index takes the slow path (Note [Foreach
+# ops that alias] in dispatch.py).
 
 
 def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
@@ -299,12 +358,12 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         or op is functional
         or len(specs) != len(fspecs)
         or len(writes) != 1
-        or specs[writes[0]].is_list_write
         or op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
         or not _FAST_KINDS.issuperset(fkinds)
     ):
         return slow
     w = writes[0]
+    many = specs[w].is_list_write  # a foreach op: one output per tensor of its first list
     nargs = len(specs)
     stores = name in STORES_SCALAR
     returns_self = len(op._schema.returns) > 0
@@ -323,25 +382,46 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         if key is None:
             return slow(*args, **kwargs)
         target = vals[w]
-        ts = (
-            getattr(target.untyped_storage(), "_lx", None) if type(target) is torch.Tensor else None
-        )
-        if ts is None or any(s.base is not None for s in states):
+        if many:
+            targets = [getattr(t.untyped_storage(), "_lx", None) for t in target]
+        else:
+            ts = (
+                getattr(target.untyped_storage(), "_lx", None)
+                if type(target) is torch.Tensor
+                else None
+            )
+            targets = [ts]
+        if (
+            None in targets
+            or any(s.base is not None for s in states)
+            or many
+            and foreach_aliases(vals, specs, w)
+        ):
             return slow(*args, **kwargs)
         plan = plans.get(key, _NO_PLAN_YET)
         if plan is _NO_PLAN_YET:
             out = slow(*args, **kwargs)
-            node, i = ts.value
             plans[key] = None
-            if i == 0 and node.op == name and node.specs[0] == ts.spec and ts.base is None:
+            node = targets[0].value[0] if targets else None
+            if (
+                node is not None
+                and node.op == name
+                and all(
+                    ts.value[0] is node and ts.value[1] == i and node.specs[i] == ts.spec
+                    for i, ts in enumerate(targets)
+                )
+            ):
                 with contextlib.suppress(_NoPlan):
-                    plans[key] = _Plan(node, fkinds, list(vals), ts.spec, None, stores)
+                    struct = [ts.spec for ts in targets] if many else targets[0].spec
+                    plans[key] = _Plan(node, fkinds, list(vals), struct, None, stores)
             return out
         if plan is None:
             return slow(*args, **kwargs)
         counters[counter] = counters.get(counter, 0) + 1
-        ts.value = (plan.node(vals, items, states), 0)  # `write` to a base
-        ts.version += 1
+        node = plan.node(vals, items, states)
+        for i, ts in enumerate(targets):  # `write` to a base
+            ts.value = (node, i)
+            ts.version += 1
         _trace(t0)
         return target if returns_self else None
 
