@@ -329,3 +329,27 @@ def test_number_in_a_tensor_slot_of_an_overload_called_directly():
         want = op(n, x)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_each_lifted_scalar_is_its_own_argument():
+    """Note [Scalars are arguments]: an optimizer's per-parameter scalars reach the executable as
+    0-d arguments, not elements of one vector that every fused kernel slices at its own offset
+    (which made XLA:CPU compile one kernel per parameter). Values as in eager, mixed dtypes."""
+    torch.manual_seed(0)
+    ps = [torch.randn(4, 4) for _ in range(3)]
+    pd = [p.to(dev) for p in ps]
+    lazyxla.sync()
+    steps = [0.25, 0.5, 0.75]
+
+    def update(xs):
+        torch._foreach_mul_(xs, steps)  # three lifted float32 scalars
+        return [x.to(torch.bfloat16) * 0.3 for x in xs]  # three more, bf16 read at float32
+
+    out = update(pd)
+    text = lazyxla.debug.stablehlo_text(out)
+    signature = next(line for line in text.splitlines() if "func.func public @main" in line)
+    signature = signature.split(") -> ", 1)[0]
+    assert signature.count("tensor<f32>") == 6, signature
+    assert "tensor<3xf32>" not in signature and "tensor<6xf32>" not in signature
+    for o, e in zip(out, update(ps), strict=True):
+        assert bits_equal(o, e)

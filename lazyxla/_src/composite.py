@@ -327,7 +327,7 @@ def _sub_program(steps: list[tuple], roots: list[tuple[int, int]]) -> Callable[.
     from .lower import Program
 
     prog = Program.__new__(Program)
-    prog.steps, prog.roots, prog.scalar_dtypes, prog.out_shardings = steps, roots, [], ()
+    prog.steps, prog.roots, prog.out_shardings = steps, roots, ()
     run = prog.function()
     return lambda *arrays: run(list(arrays), [])
 

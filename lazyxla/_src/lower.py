@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
 from .runtime import jnp_dtype
@@ -35,18 +34,12 @@ class Program:
         """`leaf_ids`: nodes to read as data inputs (a manual region's entries and leaves)."""
         self.out_shardings = out_shardings
         self.steps: list[tuple] = []
-        self.scalar_dtypes: list[np.dtype] = []  # one packed vector per dtype, in first-use order
-        scalar_slots: dict[np.dtype, int] = {}
         marked = False
         for n in nodes:
             if n.op == DEVICE_DATA or id(n) in leaf_ids:
                 self.steps.append((DATA,))
-            elif n.op == SCALAR:
-                dt = jnp_dtype(n.specs[0].dtype)
-                if dt not in scalar_slots:
-                    scalar_slots[dt] = len(self.scalar_dtypes)
-                    self.scalar_dtypes.append(dt)
-                self.steps.append((SCAL, scalar_slots[dt]))
+            elif n.op == SCALAR:  # one 0-d argument each: Note [Scalars are arguments]
+                self.steps.append((SCAL,))
             elif n.op == CONSTANT:
                 self.steps.append((CONST, n.args[0], jnp_dtype(n.specs[0].dtype)))
             elif n.specs and all(0 in s.shape for s in n.specs):
@@ -68,22 +61,20 @@ class Program:
             self.steps, self.roots = group_patterns(self.steps, roots)
 
     def function(self) -> Callable[..., list[jax.Array]]:
-        steps, roots, n_dtypes = self.steps, self.roots, len(self.scalar_dtypes)
+        steps, roots = self.steps, self.roots
         out_shardings = self.out_shardings
 
         def run(data: list[jax.Array], scalars: list[jax.Array]) -> list[jax.Array]:
             env: list[tuple] = []
-            di = 0
-            si = [0] * n_dtypes
+            di = si = 0
             for step in steps:
                 kind = step[0]
                 if kind == DATA:
                     env.append((data[di],))
                     di += 1
                 elif kind == SCAL:
-                    slot = step[1]
-                    env.append((scalars[slot][si[slot]],))
-                    si[slot] += 1
+                    env.append((scalars[si],))
+                    si += 1
                 elif kind == CONST:
                     env.append((jnp.asarray(step[1], step[2]),))
                 elif kind == EMPTY:

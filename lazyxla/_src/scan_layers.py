@@ -60,7 +60,26 @@ class _Stack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
-        return tuple(g.clone() for g in grad.unbind(0))
+        if grad.device.type == "cpu":
+            return tuple(g.clone() for g in grad.unbind(0))
+        index = torch.ops.aten.index.Tensor  # (`grad[i]` of a 0-d tensor reads i on the host)
+        return tuple(index(grad, [i]) for i in _layer_indices(grad.shape[0], grad.device))
+
+
+# (device, layers) -> each layer's index as a 0-d tensor on the device. `grad[i]` by a Python int
+# is a slice at a constant offset, which XLA fuses into each layer's gradient consumers (the
+# optimizer's update), so every layer's kernels differ by that constant and XLA:CPU compiles
+# them all; indexed by a device tensor, it is a dynamic slice whose index is an argument, and
+# the layers share kernels (a 16-layer step: 164 slice kernels fewer, 2x faster to compile).
+_LAYER_INDICES: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
+
+
+def _layer_indices(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    hit = _LAYER_INDICES.get((device, n))
+    if hit is None:
+        hit = tuple(torch.tensor(i).to(device) for i in range(n))
+        _LAYER_INDICES[(device, n)] = hit
+    return hit
 
 
 def _stack(*ts: torch.Tensor) -> torch.Tensor:

@@ -653,6 +653,15 @@ def _check_forward(
                 inputs_cpu = _to_cpu(lazy_s)
             except Exception as e:
                 return FAILS, f"{where}: {_short(e)}", fell
+            # The same call again, on fresh device copies: it replays the recording plan the
+            # first call made (Note [Recording plans]), which must record what the slow path did.
+            if key not in KEEP_CPU_ARGS and values and key not in TIE_FREE_INDICES:
+                replay = _to_lazy(_clone_cpu((s.input, s.args, s.kwargs)))
+                try:
+                    again = _to_cpu(op(replay[0], *replay[1], **replay[2]))
+                    _compare(again, actual_cpu, {"rtol": 0, "atol": 0}, values, key)
+                except Exception as e:
+                    return FAILS, f"{where}, recorded again: {_short(e)}", fell
             fell.update(_moved(before))
             wide = None  # (the sample in the wider dtype after the call, the result)
             try:
