@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean test-ops-full fuzz
+.PHONY: demo test lint format bench clean test-ops-full fuzz upstream-deps
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -50,3 +50,17 @@ FUZZ_SECONDS ?= 1200
 FUZZ_SEED ?= 0
 fuzz: $(STAMP)
 	$(BIN)/python -m lazyxla.tools.fuzz_views --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
+
+# What pytorch/xla's tests and examples need beyond lazyxla's dependencies, for the conformance run
+# (python -m lazyxla.tools.upstream PTXLA --torchvision DIR): torchvision (and Pillow) installed into
+# DIR, a directory outside the repo; never a dependency of lazyxla. The registry's torchvision for
+# torch 2.13 is a CUDA build: its C++ ops do not load here, its Python parts work (the tool makes it
+# importable). make upstream-deps DIR=/tmp/upstream-deps
+TORCHVISION ?= 0.28.0
+PILLOW ?= 13.0.0
+upstream-deps: $(STAMP)
+	@test -n "$(DIR)" || { echo "usage: make upstream-deps DIR=/a/directory/outside/the/repo"; exit 2; }
+	$(BIN)/pip download -q --no-deps --only-binary=:all: -d $(DIR)/wheels \
+		torchvision==$(TORCHVISION) pillow==$(PILLOW)
+	$(BIN)/pip install -q --no-deps --target $(DIR) $(DIR)/wheels/*.whl
+	@echo "then: $(BIN)/python -m lazyxla.tools.upstream PTXLA --torchvision $(DIR)"

@@ -86,6 +86,7 @@ class XlaFullyShardedDataParallel(nn.Module):
         super().__init__()
         if param_init_fn is not None:
             param_init_fn(module)
+        module.to(xm.xla_device())  # a CPU module's parameters and buffers move, as in torch_xla
         if auto_wrap_policy is not None:
             from .fsdp_wrap import recursive_wrap
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import time
 import warnings
 from collections.abc import Iterable
@@ -264,6 +265,10 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
             collectives.check_same_program(lowered)
         exe = lowered.compile()
     metrics.counter_inc("CreateCompileHandles")
+    # torch_xla compiles through StableHLO when XLA_STABLEHLO_COMPILE is set (read at each compile)
+    # and counts it; JAX always lowers to StableHLO, so here the flag only turns the count on.
+    if os.environ.get("XLA_STABLEHLO_COMPILE", "0").lower() in ("1", "true"):
+        metrics.counter_inc("StableHloCompile")
     if debug:
         analysis.post_compilation(cap, exe)
     CACHE.put(cap.key, exe)

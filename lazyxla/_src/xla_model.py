@@ -530,8 +530,12 @@ def _lowered(tensors: Sequence[torch.Tensor] | None) -> jax.stages.Lowered:
 
 
 def get_stablehlo(tensors: Sequence[torch.Tensor] | None = None) -> str:
-    """The StableHLO text of the graph computing `tensors` (every pending tensor if None)."""
-    return _lowered(tensors).as_text()
+    """The StableHLO text of the graph computing `tensors` (every pending tensor if None), with
+    source locations (`#loc` lines) when XLA_HLO_DEBUG or XLA_IR_DEBUG is set, as torch_xla's."""
+    debug = any(
+        os.environ.get(v, "0").lower() in ("1", "true") for v in ("XLA_HLO_DEBUG", "XLA_IR_DEBUG")
+    )
+    return _lowered(tensors).as_text(debug_info=debug)
 
 
 def get_stablehlo_bytecode(tensors: Sequence[torch.Tensor] | None = None) -> bytes:
@@ -753,6 +757,13 @@ def all_to_all(
             f"all_to_all: split_count={split_count} must equal the number of replicas (1)"
         )
     return value.clone()
+
+
+def broadcast_master_param(model: torch.nn.Module) -> None:
+    """Overwrite every replica's parameters and buffers with the master's (ordinal 0), then
+    run the step (torch_xla's `xm.broadcast_master_param`)."""
+    collective_broadcast([*model.parameters(), *model.buffers()])
+    mark_step()
 
 
 def collective_broadcast(

@@ -19,6 +19,7 @@ from .._src.xla_model import all_gather as all_gather
 from .._src.xla_model import all_gather_bucketized as all_gather_bucketized
 from .._src.xla_model import all_reduce as all_reduce
 from .._src.xla_model import all_to_all as all_to_all
+from .._src.xla_model import broadcast_master_param as broadcast_master_param
 from .._src.xla_model import check_view_sharing as check_view_sharing
 from .._src.xla_model import collective_broadcast as collective_broadcast
 from .._src.xla_model import collective_permute as collective_permute
@@ -69,6 +70,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "check_view_sharing",
+    "broadcast_master_param",
     "collective_broadcast",
     "collective_permute",
     "get_local_ordinal",

@@ -22,8 +22,23 @@ collected / passed / failed / skipped / errored-at-import, every failure grouped
 exception's first line, normalised), the torch_xla modules that stop files at import, ranked, and,
 separately, the failures that happen only because lazyxla's device type is `jax`, not `xla`.
 
-Files that need a TPU, GPU or Neuron device (`EXCLUDED`) are listed, not run. None of pytorch/xla's
-files are copied into this repository.
+Test files that are training programs rather than test cases (`TEST_PROGRAMS`: the
+`test_train_mp_*` ones) run like examples, with their own flags set small (`--fake_data`, a batch
+size, `--num_steps`). Files that need a TPU, GPU or Neuron device (`EXCLUDED`) are listed, not run.
+None of pytorch/xla's files are copied into this repository.
+
+torchvision (the ResNet and MNIST programs and a few test files import it) is not a dependency of
+lazyxla. Give the tool a directory it is installed in, outside the repository:
+
+    make upstream-deps DIR=/tmp/deps   # pip download, then pip install --no-deps --target
+    python -m lazyxla.tools.upstream PTXLA --torchvision /tmp/deps   # or $LAZYXLA_TORCHVISION
+
+DIR goes on every program's PYTHONPATH. The registry's torchvision for this torch is a CUDA build
+whose C++ extension (`_C`) does not load on a CPU-only torch: its Python parts (models,
+transforms, datasets with fake data) work, its C++ ops (`nms`, `roi_align`, ...) do not. Such a
+build fails at import (`_meta_registrations.py` registers a fake kernel for `torchvision::nms`,
+whose schema only `_C` defines); the generated sitecustomize defines those schemas when `_C` did
+not load, with a kernel that raises, so the import succeeds and a call says why it cannot run.
 """
 
 from __future__ import annotations
@@ -49,6 +64,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_DOC = os.path.join(REPO, "docs", "torch_xla_conformance.md")
 DEFAULT_RESULTS = os.path.join(tempfile.gettempdir(), "lazyxla-upstream")
 RESULTS_ENV = "LAZYXLA_UPSTREAM_RESULTS"
+TORCHVISION_ENV = "LAZYXLA_UPSTREAM_TORCHVISION"
 MAX_JOBS = 2
 
 # Test files (globs relative to the checkout) that need hardware other than a CPU, and why.
@@ -63,6 +79,7 @@ EXCLUDED = {
     "*paged_attention*": "Pallas TPU kernel",
     "test/test_gmm.py": "grouped matmul Pallas TPU kernel",
     "test/test_autocast_xla.py": "CUDA/TPU autocast policy",
+    "test/test_train_mp_mnist_amp.py": "exits unless the device is a TPU (its AMP needs bf16)",
 }
 
 # Examples and the flags that shrink them to a CPU-sized run (examples not listed take none).
@@ -74,18 +91,53 @@ EXAMPLE_ARGS = {
         "--intermediate-size=1024",
     ],
 }
-# Decoder-only examples that take no size flags: their model and step count are shrunk to the base
-# example's flags above by the generated sitecustomize (it patches the defaults of
-# `decoder_only_model.DecoderOnlyConfig` and `TrainDecoderOnlyBase(num_steps=)` as they are
-# imported; no file of the checkout changes). At torch_xla's default sizes (intermediate size
-# 32768) each needs more than the memory limit.
+# Examples that take no size flags are shrunk by the generated sitecustomize as they import their
+# shared module (no file of the checkout changes):
+# - decoder-only ones to the base example's flags above (it patches the defaults of
+#   `decoder_only_model.DecoderOnlyConfig` and `TrainDecoderOnlyBase(num_steps=)`); at torch_xla's
+#   default sizes (intermediate size 32768) each needs more than the memory limit;
+# - ResNet ones (`TrainResNetBase` sets a ResNet-50 on 128 images of 224x224 for 300 steps in its
+#   `__init__`): those attributes become fixed values its `__init__` cannot overwrite (an example
+#   that scales `batch_size` by the device count keeps the fixed value). Losses print every 10
+#   steps: 12 steps give two.
 SHRINK = {"config": {"hidden_size": 256, "intermediate_size": 1024}, "num_steps": 12}
+SHRINK_RESNET = {"resnet": {"img_dim": 32, "batch_size": 8, "num_steps": 12}}
 SHRINK_ENV = "LAZYXLA_UPSTREAM_SHRINK"
-EXAMPLE_SHRINK = (
-    "examples/eager/*",
-    "examples/flash_attention/*",
-    "examples/fsdp/train_decoder_only_fsdp_v2.py",
-)
+EXAMPLE_SHRINK = {
+    "examples/eager/*": SHRINK,
+    "examples/flash_attention/*": SHRINK,
+    "examples/fsdp/train_decoder_only_fsdp_v2.py": SHRINK,
+    "examples/*resnet*": SHRINK_RESNET,
+}
+# Test files that are programs, not test cases (`if __name__ == "__main__"` trains a model; pytest
+# would collect nothing): each runs as an example does, with the flags that shrink it (torch_xla's
+# CI runs them as `python FILE --fake_data`; the flags are the files' own, from `args_parse.py`).
+# MNIST: 60000 / batch size steps. ImageNet: ResNet-18 at 224x224 for `--num_steps`.
+_MNIST = ["--fake_data", "--num_epochs=1", "--batch_size=1000", "--log_steps=20"]
+_IMAGENET = ["--fake_data", "--model=resnet18", "--num_epochs=1", "--batch_size=4"]
+_IMAGENET += ["--test_set_batch_size=4", "--num_steps=11", "--log_steps=5"]
+TEST_PROGRAMS = {
+    "test/test_train_mp_mnist.py": _MNIST,
+    "test/test_train_mp_mnist_fsdp_with_ckpt.py": _MNIST,
+    "test/test_train_mp_mnist_zero1.py": _MNIST,
+    # Its batch shrinks to `step` rows each step (a new graph per step): 30 steps.
+    "test/test_profile_mp_mnist.py": [*_MNIST[:2], "--batch_size=20000", "--log_steps=10"],
+    "test/test_train_mp_imagenet.py": _IMAGENET,
+    "test/test_train_mp_imagenet_amp.py": _IMAGENET,
+    # No flag bounds its steps (it ignores --num_steps; 50000 / batch size with the small fake
+    # sample): it runs until the timeout, its loss printed every 5 steps.
+    "test/test_train_mp_imagenet_fsdp.py": [*_IMAGENET, "--use_small_fake_sample"],
+    "test/spmd/test_train_spmd_imagenet.py": [*_IMAGENET[:3], "--batch_size=8", *_IMAGENET[4:]],
+}
+# Examples that start one process per device, each holding a ResNet-50 and its compiled step
+# (~1.5 GB): with 4 devices they pass the memory limit, so they run with 2.
+EXAMPLE_ENV = {
+    "examples/data_parallel/train_resnet_ddp.py": {"CPU_NUM_DEVICES": "2"},
+    "examples/data_parallel/train_resnet_xla_ddp.py": {"CPU_NUM_DEVICES": "2"},
+    "examples/fsdp/train_resnet_fsdp_auto_wrap.py": {"CPU_NUM_DEVICES": "2"},
+}
+# Directories an example expects to exist (it asserts so before it starts).
+EXAMPLE_DIRS = {"examples/debug/train_resnet_profile.py": ["/tmp/profile"]}
 EXAMPLE_SKIP = {
     "examples/decoder_only_model.py": "a model definition, not a program",
 }
@@ -212,6 +264,11 @@ def discover(ptxla: str) -> tuple[list[Item], dict[str, str]]:
             if why is not None:
                 excluded[rel] = why
                 continue
+            if rel in TEST_PROGRAMS:
+                devices = "4" if "spmd" in rel else "1"
+                env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": devices}
+                items.append(Item("example", rel, env, list(TEST_PROGRAMS[rel]), "a program"))
+                continue
             env, how = envs.get(rel, ({"PJRT_DEVICE": "CPU"}, "not in run_tests.sh"))
             items.append(Item("test", rel, env, how=how))
     for root, dirs, files in os.walk(os.path.join(ptxla, "examples")):
@@ -225,8 +282,11 @@ def discover(ptxla: str) -> tuple[list[Item], dict[str, str]]:
                 continue
             multi = any(k in rel for k in ("spmd", "fsdp", "ddp", "data_parallel"))
             env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4" if multi else "1"}
-            if any(fnmatch.fnmatch(rel, g) for g in EXAMPLE_SHRINK):
-                env[SHRINK_ENV] = json.dumps(SHRINK, separators=(",", ":"))
+            env.update(EXAMPLE_ENV.get(rel, {}))
+            for glob, shrink in EXAMPLE_SHRINK.items():
+                if fnmatch.fnmatch(rel, glob):
+                    env[SHRINK_ENV] = json.dumps(shrink, separators=(",", ":"))
+                    break
             items.append(Item("example", rel, env, list(EXAMPLE_ARGS.get(rel, []))))
     return items, excluded
 
@@ -321,10 +381,34 @@ import os
 if os.environ.get("LAZYXLA_UPSTREAM_ALIAS") == "1":
     import lazyxla.compat
     lazyxla.compat.install()
-if os.environ.get("LAZYXLA_UPSTREAM_SHRINK"):
-    # Shrink pytorch/xla's decoder-only examples as they are imported (see SHRINK in upstream.py).
-    import importlib.abc, json, sys
+import importlib.abc, json, sys
 
+_after = {}  # module name -> what to do to it once it has run
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    # Runs `_after[name](module)` right after module `name` executes (no file changes).
+
+    def find_spec(self, name, path, target=None):
+        if name not in _after:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                run = spec.loader.exec_module
+                def exec_module(module, run=run, name=name):
+                    run(module)
+                    _after[name](module)
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+if os.environ.get("LAZYXLA_UPSTREAM_SHRINK"):
+    # Shrink pytorch/xla's decoder-only and ResNet examples as they are imported (see SHRINK in
+    # upstream.py).
     _shrink = json.loads(os.environ["LAZYXLA_UPSTREAM_SHRINK"])
 
     def _with_defaults(init, defaults):
@@ -334,33 +418,96 @@ if os.environ.get("LAZYXLA_UPSTREAM_SHRINK"):
             init(self, *args, **kwargs)
         return __init__
 
-    def _patch(name, module):
-        if name == "decoder_only_model":
-            cls = module.DecoderOnlyConfig
-            cls.__init__ = _with_defaults(cls.__init__, _shrink["config"])
-        elif name == "train_decoder_only_base":
-            cls = module.TrainDecoderOnlyBase
-            cls.__init__ = _with_defaults(cls.__init__, {"num_steps": _shrink["num_steps"]})
+    def _fixed(value):
+        # `self.x = 224` in the example's __init__ is ignored; reads see `value`.
+        return property(lambda self: value, lambda self, v: None)
 
-    class _ShrinkFinder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name not in ("decoder_only_model", "train_decoder_only_base"):
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    run = spec.loader.exec_module
-                    def exec_module(module, run=run, name=name):
-                        run(module)
-                        _patch(name, module)
-                    spec.loader.exec_module = exec_module
-                    return spec
-            return None
+    def _shrink_decoder_model(module):
+        cls = module.DecoderOnlyConfig
+        cls.__init__ = _with_defaults(cls.__init__, _shrink["config"])
 
-    sys.meta_path.insert(0, _ShrinkFinder())
+    def _shrink_decoder_base(module):
+        cls = module.TrainDecoderOnlyBase
+        cls.__init__ = _with_defaults(cls.__init__, {"num_steps": _shrink["num_steps"]})
+
+    def _shrink_resnet_base():
+        # On the class as it is built, so that `python train_resnet_base.py` (the class defined
+        # in `__main__`) is shrunk too, not only the examples that import it.
+        import builtins
+
+        build = builtins.__build_class__
+
+        def __build_class__(func, name, *bases, **kwargs):
+            cls = build(func, name, *bases, **kwargs)
+            if name == "TrainResNetBase":
+                for k, v in _shrink["resnet"].items():
+                    setattr(cls, k, _fixed(v))
+            return cls
+
+        builtins.__build_class__ = __build_class__
+
+    if "config" in _shrink:
+        _after["decoder_only_model"] = _shrink_decoder_model
+        _after["train_decoder_only_base"] = _shrink_decoder_base
+    if "resnet" in _shrink:
+        _shrink_resnet_base()
+
+if os.environ.get("LAZYXLA_UPSTREAM_TORCHVISION"):
+    # A torchvision whose C++ extension (`_C`) does not load here (the registry's CUDA build on a
+    # CPU-only torch): its Python parts work, but `torchvision/_meta_registrations.py` registers
+    # fake kernels for `torchvision::nms`/`qnms` unguarded, and that needs the operators'
+    # schemas, which `_C` would have defined. Define them (with a CPU kernel that raises) once
+    # `torchvision.extension` has found `_C` missing, so `import torchvision` succeeds.
+    _TORCHVISION_SCHEMAS = {
+        "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+        "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    }
+
+    def _torchvision_schemas(module):
+        if module._has_ops():
+            return
+        import torch
+
+        lib = torch.library.Library("torchvision", "FRAGMENT")
+        for name, schema in _TORCHVISION_SCHEMAS.items():
+            if hasattr(torch.ops.torchvision, name):
+                continue
+            lib.define(schema)
+
+            def unavailable(*args, _name=name, **kwargs):
+                raise RuntimeError(
+                    f"torchvision::{_name} is unavailable: torchvision's C++ extension (_C) did "
+                    "not load in this environment (only its schema is defined, by "
+                    "lazyxla.tools.upstream, so that `import torchvision` works)"
+                )
+
+            lib.impl(name, unavailable, "CPU")
+        module._lazyxla_upstream_library = lib  # keeps the definitions alive
+
+    _after["torchvision.extension"] = _torchvision_schemas
+
+if _after:
+    sys.meta_path.insert(0, _AfterImport())
 """
+
+
+def torchvision_version(directory: str) -> str:
+    """The version of the torchvision installed in `directory` (`pip install --target`)."""
+    with open(os.path.join(directory, "torchvision", "version.py")) as f:
+        m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.M)
+    return m.group(1) if m else "unknown version"
+
+
+def check_torchvision(directory: str) -> str | None:
+    """Why `directory` cannot be given to `--torchvision`, or None if it can."""
+    if not os.path.isfile(os.path.join(directory, "torchvision", "__init__.py")):
+        return (
+            f"{directory} has no torchvision/__init__.py: give the directory torchvision was "
+            "installed into with `pip install --no-deps --target DIR` (see `make upstream-deps`)"
+        )
+    if not os.path.isfile(os.path.join(directory, "torchvision", "version.py")):
+        return f"{directory}/torchvision has no version.py: not a torchvision install"
+    return None
 
 
 def _support_dir(results_dir: str) -> str:
@@ -416,6 +563,7 @@ def _run_one(
     timeout: float,
     collect_only: bool,
     memory_limit: float = 0,
+    torchvision: str | None = None,
 ) -> dict[str, Any]:
     site = _support_dir(results_dir)
     key = _key(item.path)
@@ -438,6 +586,9 @@ def _run_one(
     path_parts = [site, here, os.path.join(ptxla, "test"), REPO]
     if item.kind == "example":  # examples import their shared modules from examples/
         path_parts.insert(2, os.path.join(ptxla, "examples"))
+    if torchvision:
+        path_parts.append(torchvision)
+        env[TORCHVISION_ENV] = torchvision
     if env.get("PYTHONPATH"):
         path_parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_parts)
@@ -451,6 +602,8 @@ def _run_one(
     else:
         cmd = [sys.executable, "-m", "lazyxla", "run", os.path.join(ptxla, item.path), *item.args]
         cwd = here
+        for d in EXAMPLE_DIRS.get(item.path, []):
+            os.makedirs(d, exist_ok=True)
     start = time.monotonic()
     with open(log, "w") as out:
         out.write("$ " + " ".join(f"{k}={v}" for k, v in item.env.items()) + " ")
@@ -478,6 +631,8 @@ def _run_one(
         "timeout": timeout,
         "tail": output[-3000:],
     }
+    if torchvision:
+        result["torchvision"] = torchvision_version(torchvision)
     if item.kind == "test":
         records = []
         if os.path.exists(jsonl):
@@ -494,7 +649,7 @@ def _run_one(
 
 
 _LOSS = re.compile(
-    r"loss[\w ]*[:=]\s*(?:tensor\(\s*)?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+    r"(?i)loss[\w ]*[:=]\s*(?:tensor\(\s*)?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 )
 
 
@@ -517,6 +672,7 @@ def run(
     collect_only: bool = False,
     example_timeout: float | None = None,
     memory_limit: float = 0,
+    torchvision: str | None = None,
 ) -> list[dict[str, Any]]:
     os.makedirs(results_dir, exist_ok=True)
     results = []
@@ -531,6 +687,7 @@ def run(
                 example_timeout if it.kind == "example" and example_timeout else timeout,
                 collect_only,
                 memory_limit,
+                torchvision,
             ): it
             for it in items
         }
@@ -679,6 +836,16 @@ def report(
     if limits:
         timeouts += "; killed past " + "/".join(f"{m / 2**30:.0f}" for m in limits) + " GB resident"
     ran = total["passed"] + total["failed"] + total["error"]
+    tv = sorted({r["torchvision"] for r in results if r.get("torchvision")})
+    with_tv = sum(bool(r.get("torchvision")) for r in results)
+    torchvision_note = (
+        f" torchvision {'/'.join(tv)} (not a dependency of lazyxla) comes from a directory given "
+        f"with `--torchvision` ({with_tv} of {len(results)} files ran with it): a build whose C++ "
+        "extension does not load here, so its Python parts (models, transforms, datasets) work "
+        "and its C++ ops (`nms`, `roi_align`, ...) raise; `make upstream-deps DIR=...` fetches it."
+        if tv
+        else ""
+    )
     out = [
         "# torch_xla conformance: pytorch/xla's own tests and examples on lazyxla",
         "",
@@ -687,7 +854,8 @@ def report(
         f"{time.strftime('%Y-%m-%d', time.gmtime())}). Do not edit by hand: re-run the tool. Each "
         "test file runs under pytest in its own process, with the torch_xla alias and the "
         "environment pytorch/xla's `test/run_tests.sh` gives it; `if __name__ == '__main__'` "
-        "blocks do not run under pytest (a few files set the matmul precision or a seed there).",
+        "blocks do not run under pytest (a few files set the matmul precision or a seed there)."
+        + torchvision_note,
         "",
         "## Totals",
         "",
@@ -728,17 +896,26 @@ def report(
             f"| {r['path']} | {_status(r)} | {r.get('collected', collected)} | {c['passed']} | "
             f"{c['failed'] + c['error']} | {c['skipped']} | {c['import_error']} | {r['seconds']} |"
         )
-    out += ["", "## Examples", "", "| example | status | flags | losses (first … last) | s |"]
+    out += [
+        "",
+        "## Examples",
+        "",
+        "Also the test files that are training programs, not test cases (run as scripts with the "
+        "flags shown, as torch_xla's CI runs them).",
+        "",
+        "| example | status | flags | losses (first … last) | s |",
+    ]
     out.append("|---|---|---|---|---|")
     for r in examples:
         ls = r.get("losses", [])
         trend = " … ".join(f"{v:.4g}" for v in ls) if ls else ""
         if _status(r) == "failed" and r.get("errors"):
             trend = (trend + " " if trend else "") + f"`{r['errors'][-1][:120]}`"
-        flags = " ".join(r.get("args", []))
+        flags = " ".join(
+            [f"{k}={v}" for k, v in EXAMPLE_ENV.get(r["path"], {}).items()] + r.get("args", [])
+        )
         if SHRINK_ENV in r.get("env", {}):
-            shrink = json.loads(r["env"][SHRINK_ENV])
-            sizes = {**shrink["config"], "num_steps": shrink["num_steps"]}
+            sizes = _shrunk_sizes(json.loads(r["env"][SHRINK_ENV]))
             flags += " shrunk: " + ", ".join(f"{k}={v}" for k, v in sizes.items())
         out.append(f"| {r['path']} | {_status(r)} | {flags} | {trend} | {r['seconds']} |")
     out += ["", "## Failures by cause", "", "Each cause: the exception's first line, normalised "]
@@ -763,6 +940,13 @@ def report(
     out += ["", "## Not run (need a TPU, GPU or Neuron device, or not a program)", ""]
     out += [f"- {p}: {why}" for p, why in sorted(excluded.items())]
     return "\n".join(out) + "\n"
+
+
+def _shrunk_sizes(shrink: dict[str, Any]) -> dict[str, Any]:
+    sizes: dict[str, Any] = {}
+    for k, v in shrink.items():
+        sizes.update(v if isinstance(v, dict) else {k: v})
+    return sizes
 
 
 def _git_commit(ptxla: str) -> str:
@@ -808,7 +992,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--collect-only", action="store_true", help="import and collect only")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report, run none")
     parser.add_argument("--list", action="store_true", help="list what would run, with its env")
+    parser.add_argument(
+        "--torchvision",
+        metavar="DIR",
+        default=os.environ.get("LAZYXLA_TORCHVISION") or None,
+        help="a directory torchvision is installed in (`pip install --no-deps --target DIR`; "
+        "`make upstream-deps DIR=...`), put on the programs' PYTHONPATH; a build whose C++ ops "
+        "do not load is made importable. Default: $LAZYXLA_TORCHVISION",
+    )
     ns = parser.parse_args(argv)
+    if ns.torchvision:
+        ns.torchvision = os.path.abspath(ns.torchvision)
+        why = check_torchvision(ns.torchvision)
+        if why:
+            parser.error(f"--torchvision: {why}")
     ptxla = os.path.abspath(ns.ptxla)
     if not os.path.isfile(os.path.join(ptxla, "test", "run_tests.sh")):
         parser.error(f"{ptxla} is not a pytorch/xla checkout (no test/run_tests.sh)")
@@ -837,6 +1034,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns.collect_only,
             ns.example_timeout,
             ns.memory_limit_gb * 2**30,
+            ns.torchvision,
         )
     if ns.collect_only:
         return 0

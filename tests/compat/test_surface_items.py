@@ -6,6 +6,7 @@ profiler traces. Values are compared with eager PyTorch."""
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -412,3 +413,38 @@ def test_replication_devices_and_process_counts():
         with pytest.raises(RuntimeError, match="Cannot replicate if number of devices"):
             xm.xla_replication_devices([dev])
     assert xr.local_process_count() == 1 and xr.host_index() == 0
+
+
+def test_stablehlo_compile_counter_and_debug_locations(monkeypatch):
+    """XLA_STABLEHLO_COMPILE set after import counts `StableHloCompile` per compile, and
+    `get_stablehlo` carries `#loc` source locations under XLA_HLO_DEBUG (torch_xla reads both
+    at use)."""
+    x = torch.randn(3, 5).to(dev)
+    lazyxla.sync()
+    monkeypatch.setenv("XLA_STABLEHLO_COMPILE", "1")
+    before = met.counter_value("StableHloCompile") or 0
+    (x * 3.5 - x.sin()).cpu()
+    assert (met.counter_value("StableHloCompile") or 0) == before + 1
+    y = x.cos() + 2.5
+    assert "#loc" not in xm.get_stablehlo([y])
+    monkeypatch.setenv("XLA_HLO_DEBUG", "1")
+    assert "#loc" in xm.get_stablehlo([y])
+    torch.testing.assert_close(y.cpu(), x.cpu().cos() + 2.5)
+
+
+def test_broadcast_master_param_and_fsdp_of_a_cpu_module():
+    """`xm.broadcast_master_param` keeps the master's values (one replica here) and runs the
+    step; FSDP v1 moves a CPU module to the device as torch_xla does, computing as eager."""
+    from lazyxla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model = copy.deepcopy(cpu).to(dev)
+    xm.broadcast_master_param(model)
+    for p, q in zip(model.state_dict().values(), cpu.state_dict().values(), strict=True):
+        assert not lazyxla._src.tensor.state(p).is_pending
+        torch.testing.assert_close(p.cpu(), q)
+    wrapped = FSDP(copy.deepcopy(cpu))
+    assert all(p.device.type == dev.type for p in wrapped.parameters())
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(wrapped(x.to(dev)).cpu(), cpu(x), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,7 @@
 grouping, the device-type classification, the report, and one end-to-end run of a tiny checkout."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,11 +171,16 @@ def test_end_to_end_on_a_tiny_checkout(tmp_path):
             """
         )
     )
+    # torchvision from a directory given with --torchvision (here a fake one without C++ ops).
+    (root / "test" / "test_tv.py").write_text(
+        "import torchvision\n\n\ndef test_model():\n    assert torchvision.models.tiny()\n"
+    )
+    tv = _fake_torchvision(tmp_path / "tv")
     out = tmp_path / "doc.md"
     results = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "lazyxla.tools.upstream", str(root), "--out", str(out)]
-        + ["--results-dir", str(results), "--timeout", "100"],
+        + ["--results-dir", str(results), "--timeout", "100", "--torchvision", str(tv)],
         capture_output=True,
         text=True,
         timeout=150,
@@ -191,6 +197,8 @@ def test_end_to_end_on_a_tiny_checkout(tmp_path):
     text = out.read_text()
     assert "| test/test_tiny.py | ran | 4 | 3 | 1 | 0 | 0 |" in text
     assert "`ValueError: boom N`" in text
+    assert "| test/test_tv.py | ran | 1 | 1 | 0 | 0 | 0 |" in text
+    assert "torchvision 0.99.0+fake (not a dependency of lazyxla)" in text
 
 
 def test_watch_kills_past_the_memory_limit_and_the_timeout():
@@ -205,3 +213,160 @@ def test_watch_kills_past_the_memory_limit_and_the_timeout():
     )
     rc, timed_out, over = upstream._watch(proc, timeout=1, memory_limit=0)
     assert timed_out and not over
+
+
+# --- torchvision from a directory outside the repo (`--torchvision DIR`) -----------------------
+
+_FAKE_TORCHVISION = {
+    # A torchvision whose C++ extension does not load: `_has_ops()` is False, and its
+    # `_meta_registrations` registers a fake kernel for `torchvision::nms` unguarded (as 0.28 does).
+    "torchvision/__init__.py": "from torchvision import extension, _meta_registrations, models\n",
+    "torchvision/version.py": "__version__ = '0.99.0+fake'\n",
+    "torchvision/extension.py": "def _has_ops():\n    return HAS_OPS\n\n\nHAS_OPS = False\n",
+    "torchvision/_meta_registrations.py": textwrap.dedent(
+        """
+        import torch
+
+        @torch.library.register_fake("torchvision::nms")
+        def meta_nms(dets, scores, iou_threshold):
+            return dets.new_empty(0, dtype=torch.long)
+        """
+    ),
+    "torchvision/models.py": "import torch\n\n\ndef tiny():\n    return torch.nn.Linear(2, 1)\n",
+}
+
+
+def _fake_torchvision(root: Path, has_ops: bool = False) -> Path:
+    for rel, text in _FAKE_TORCHVISION.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    if has_ops:  # a working build: `_C` defines the schemas itself
+        (root / "torchvision" / "extension.py").write_text(
+            "import torch\n\n_lib = torch.library.Library('torchvision', 'DEF')\n"
+            "_lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n\n\n"
+            "def _has_ops():\n    return True\n"
+        )
+    return root
+
+
+def _python_with_site(
+    tmp_path: Path, code: str, env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    site = upstream._support_dir(str(tmp_path / "results"))
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LAZYXLA_")}
+    full.update(env)
+    full["PYTHONPATH"] = site + ":" + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+_IMPORT_AND_CALL = """
+import torch, torchvision
+print("imported", torchvision.models.tiny().weight.shape[1])
+try:
+    torch.ops.torchvision.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+except RuntimeError as e:
+    print("raised", e)
+"""
+
+
+def test_torchvision_without_its_c_ops_imports_and_its_ops_raise(tmp_path):
+    tv = _fake_torchvision(tmp_path / "tv")
+    plain = _python_with_site(tmp_path, _IMPORT_AND_CALL, {"PYTHONPATH": str(tv)})
+    assert "operator torchvision::nms does not exist" in plain.stderr  # what the tool fixes
+    fixed = _python_with_site(
+        tmp_path,
+        _IMPORT_AND_CALL,
+        {"PYTHONPATH": str(tv), upstream.TORCHVISION_ENV: str(tv)},
+    )
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "imported 2" in fixed.stdout
+    assert "raised torchvision::nms is unavailable: torchvision's C++ extension (_C)" in (
+        fixed.stdout
+    )
+
+
+def test_a_working_torchvision_keeps_its_own_ops(tmp_path):
+    tv = _fake_torchvision(tmp_path / "tv", has_ops=True)
+    code = "import torch, torchvision\nprint(torch.ops.torchvision.nms.default._schema)"
+    proc = _python_with_site(
+        tmp_path, code, {"PYTHONPATH": str(tv), upstream.TORCHVISION_ENV: str(tv)}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor" in (
+        proc.stdout
+    )
+
+
+def test_resnet_examples_are_shrunk_as_they_import_their_base(tmp_path):
+    (tmp_path / "train_resnet_base.py").write_text(
+        textwrap.dedent(
+            """
+            class TrainResNetBase:
+                def __init__(self):
+                    self.img_dim = 224
+                    self.batch_size = 128
+                    self.num_steps = 300
+                    self.num_epochs = 1
+                    self.batch_size *= 4  # as the SPMD example scales it
+                    self.shape = (self.batch_size, 3, self.img_dim, self.img_dim)
+            """
+        )
+    )
+    imported = (
+        "import train_resnet_base as b; t = b.TrainResNetBase(); print(t.shape, t.num_epochs)"
+    )
+    # The base example itself runs as `__main__`.
+    as_main = (
+        "import runpy; t = runpy.run_path('train_resnet_base.py')['TrainResNetBase'](); "
+        "print(t.shape, t.num_epochs)"
+    )
+    shrink = {"PYTHONPATH": str(tmp_path), upstream.SHRINK_ENV: json.dumps(upstream.SHRINK_RESNET)}
+    for code in (imported, as_main):
+        proc = _python_with_site(tmp_path, code, shrink)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == ["(8,", "3,", "32,", "32)", "1"]
+    plain = _python_with_site(tmp_path, imported, {"PYTHONPATH": str(tmp_path)})
+    assert plain.stdout.split() == ["(512,", "3,", "224,", "224)", "1"]
+
+
+def test_test_files_that_are_programs_run_as_examples_with_their_flags(tmp_path):
+    root = _checkout(tmp_path)
+    (root / "test" / "test_train_mp_mnist.py").write_text("")
+    items, _ = upstream.discover(str(root))
+    [item] = items
+    assert (item.kind, item.path) == ("example", "test/test_train_mp_mnist.py")
+    assert "--fake_data" in item.args and item.env["CPU_NUM_DEVICES"] == "1"
+    # test_utils.print_training_update prints `Loss=`.
+    out = upstream._example_outcome("| Training Step=0 Loss=2.30 |\n| Training Step=20 Loss=0.5 |")
+    assert out["losses"] == [2.3, 0.5]
+
+
+def test_torchvision_dir_must_hold_torchvision(tmp_path):
+    root = _checkout(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lazyxla.tools.upstream", str(root), "--torchvision", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "has no torchvision/__init__.py" in proc.stderr
+
+
+def test_resnet_examples_get_their_shrink_and_device_count(tmp_path):
+    root = _checkout(tmp_path)
+    (root / "examples" / "data_parallel").mkdir()
+    for name in ("train_resnet_ddp.py", "train_resnet_spmd_data_parallel.py"):
+        (root / "examples" / "data_parallel" / name).write_text("")
+    items, _ = upstream.discover(str(root))
+    env = {Path(i.path).name: i.env for i in items}
+    assert json.loads(env["train_resnet_ddp.py"][upstream.SHRINK_ENV]) == upstream.SHRINK_RESNET
+    # One process per device, each with a ResNet-50: 2 of them, not 4.
+    assert env["train_resnet_ddp.py"]["CPU_NUM_DEVICES"] == "2"
+    assert env["train_resnet_spmd_data_parallel.py"]["CPU_NUM_DEVICES"] == "4"  # one process
