@@ -162,7 +162,11 @@ def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
             "XLAData: ",
             f"  Data Device: {_xla_device_str()}",
             f"  Data Shape: {ir.shape_str(spec)}",
-            f"  Data Handle: {id(arr):#x}" if arr is not None else "  Data Handle: None",
+            "  Data Handle: None"
+            if arr is None
+            else "  Data Handle: Deleted"
+            if arr.is_deleted()
+            else f"  Data Handle: {id(arr):#x}",
         ]
     else:
         lines += [f"IR: {ir.node_shape_str(node)} {node.op}", "XLAData: None"]
@@ -209,6 +213,7 @@ def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
     if should_donate and runtime.is_shared_upload(node.data):
         return False  # a cached scalar upload other tensors share (Note [Device data cache])
     node.meta = _DONATE if should_donate else None
+    metrics.counter_inc("XlaSetBufferDonation")
     return True
 
 
@@ -463,6 +468,12 @@ def _make_xlac() -> types.ModuleType:
     from . import op_builder, sharding
 
     m._xla_custom_call = op_builder.custom_call
+    m._is_placecholder = op_builder.is_placeholder  # (torch_xla's spelling)
+    m._get_tensors_handle = op_builder.tensors_handle
+    from . import dynamo
+
+    m._xla_get_enable_alias_with_buffer_donor_config = dynamo.get_alias_with_buffer_donor
+    m._xla_set_enable_alias_with_buffer_donor_config = dynamo.set_alias_with_buffer_donor
     m._xla_tpu_custom_call = op_builder.tpu_custom_call
     m._xla_user_computation = op_builder.user_computation
     m._xla_computation_text = op_builder.get_computation_hlo

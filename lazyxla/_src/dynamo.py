@@ -21,7 +21,8 @@ whatever follows until the next sync.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +52,11 @@ def _skip_lazyxla_frames() -> None:
     from torch._dynamo import trace_rules
 
     trace_rules.add("lazyxla._src")
+    # Nor jax: dynamo calls a nanobind bound method it meets in a traced frame (jax's
+    # `default_registry.flatten`) without its `self`, so `jax.device_put` / `tree_unflatten`
+    # reached from a compiled frame fail with "flatten(): incompatible function arguments".
+    trace_rules.add("jax")
+    trace_rules.add("jaxlib")
 
 
 _skip_lazyxla_frames()
@@ -94,11 +100,13 @@ class Trace:
             )
             outer_token = collectives.swap_token(token_in)
         fallback.tracing_graph = True
+        _trace_donors[:] = [{}]  # See Note [Buffer donor config]
         try:
             with torch.no_grad():
                 outs = gm(*fake_args)
         finally:
             fallback.tracing_graph = False
+            self.donors: dict[int, bool] = _trace_donors.pop() if _trace_donors else {}
             token_out = collectives.swap_token(outer_token) if token_in is not None else None
         self.collectives = token_out is not None and token_out is not token_in
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -158,6 +166,8 @@ class Trace:
             # As torch_xla's bridge: pending inputs run first, in their own graph, so the
             # compiled program is the same whatever produced its inputs.
             graph.sync(cause=analysis.DYNAMO_INPUTS)
+        if self.donors or _any_marked(args):
+            _mark_donors(self.donors, args)  # See Note [Buffer donor config]
         if self.collectives:
             args = [*args, collectives.current_token()]
         inputs: list[tuple[Node, int]] = []
@@ -189,7 +199,8 @@ class Trace:
             target = args[arg_index]
             write(state(target), (node, root))
         if sync and outs:
-            graph.sync_states([state(o) for o in outs], cause=analysis.DYNAMO_EXECUTE)
+            with alias_with_buffer_donor_config(True):  # as torch_xla's bridge compiles
+                graph.sync_states([state(o) for o in outs], cause=analysis.DYNAMO_EXECUTE)
         result = []
         for kind, v in self.out_plan:
             if kind == "out":
@@ -333,3 +344,91 @@ def register_backends() -> None:
     from torch._dynamo.backends.registry import register_backend
 
     register_backend(name="lazyxla")(lazyxla_backend)
+
+
+# Note [Buffer donor config]
+# torch_xla's `alias_with_buffer_donor_config`: while it is on, a graph may write its outputs into
+# the buffers of inputs marked donatable (`torch_xla._XLAC._set_buffer_donation`, or
+# `torch.ops.xla.dynamo_set_buffer_donor_` inside a compiled function), and the marks enter the
+# graph's hash. torch_xla's dynamo bridge compiles its graphs with it on, and bakes the aliasing
+# into the executable it replays: an argument donated when the graph was compiled is donated on
+# every call, though dynamo does not see the mark (the buffer a call returns is not marked). A
+# trace does the same: `dynamo_set_buffer_donor_` met on a graph input while tracing, and a mark
+# on an argument at a replay, make that argument a donor of the trace (`Trace.donors`), marked
+# again before each replay, so the donation mask, and the executable, stay the same.
+_alias_with_buffer_donor = [False]
+_trace_donors: list[dict[int, bool]] = []  # while a Trace runs its graph: {arg index: donate}
+
+
+def _any_marked(args: Sequence[Any]) -> bool:
+    return any(
+        isinstance(a, torch.Tensor)
+        and a.device.type == DEVICE_TYPE
+        and read(state(a))[0].meta == graph.DONATE
+        for a in args
+    )
+
+
+def _mark_donors(donors: dict[int, bool], args: Sequence[Any]) -> None:
+    """Mark the trace's donor arguments, after adding the arguments marked now (sticky)."""
+    from .compat import _set_buffer_donation
+
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:
+            if read(state(a))[0].meta == graph.DONATE:
+                donors.setdefault(i, True)
+    for i, donate in donors.items():
+        if read(state(args[i]))[0].meta != (graph.DONATE if donate else None):
+            _set_buffer_donation(args[i], donate)
+
+
+def _set_buffer_donor(t: torch.Tensor, should_donoate: bool) -> torch.Tensor:
+    """`torch.ops.xla.dynamo_set_buffer_donor_` on a lazyxla tensor: mark its buffer (a graph
+    input while a trace runs: make it a donor of the trace)."""
+    from .compat import _set_buffer_donation
+
+    node = read(state(t))[0]
+    if node.op == GRAPH_INPUT and _trace_donors:
+        _trace_donors[-1][node.args[0]] = bool(should_donoate)
+        metrics.counter_inc("XlaSetBufferDonation")
+    else:
+        _set_buffer_donation(t, bool(should_donoate))
+    return t
+
+
+def _define_set_buffer_donor() -> None:
+    from .custom_call import XLA_LIB
+
+    XLA_LIB.define("dynamo_set_buffer_donor_(Tensor t, bool should_donoate) -> Tensor")
+    XLA_LIB.impl(
+        "dynamo_set_buffer_donor_", lambda t, should_donoate: t, "CompositeExplicitAutograd"
+    )
+    XLA_LIB.impl("dynamo_set_buffer_donor_", _set_buffer_donor, "PrivateUse1")
+
+
+_define_set_buffer_donor()
+
+
+def get_alias_with_buffer_donor() -> bool:
+    """Whether graphs alias outputs with inputs marked as buffer donors (torch_xla's config)."""
+    return _alias_with_buffer_donor[0]
+
+
+def set_alias_with_buffer_donor(should_alias: bool) -> None:
+    _alias_with_buffer_donor[0] = bool(should_alias)
+
+
+@contextlib.contextmanager
+def alias_with_buffer_donor_config(should_alias: bool = True) -> Iterator[bool]:
+    """Turn the buffer donor config on (or off) inside the block; yields the previous value.
+
+    Example:
+        >>> with alias_with_buffer_donor_config() as saved_config:
+        ...     h = torch_xla._XLAC._get_graph_hash([res])  # donor marks count
+    """
+    saved = get_alias_with_buffer_donor()
+    set_alias_with_buffer_donor(should_alias)
+    try:
+        yield saved
+    finally:
+        set_alias_with_buffer_donor(saved)

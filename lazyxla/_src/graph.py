@@ -96,6 +96,12 @@ KEEP = "keep"
 DONATE = "donate"  # marked by torch_xla._XLAC._set_buffer_donation: donatable though held
 
 
+def _alias_with_buffer_donor() -> bool:
+    from .dynamo import get_alias_with_buffer_donor
+
+    return get_alias_with_buffer_donor()
+
+
 def _held_data() -> set[int] | None:
     """Ids of the device-data nodes some live tensor holds (None: donate nothing this sync)."""
     held: set[int] = set()
@@ -136,7 +142,7 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
 class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
-    def __init__(self, states: list[LazyState], donate: bool = False) -> None:
+    def __init__(self, states: list[LazyState], donate: bool = False, full: bool = False) -> None:
         root_index: dict[tuple[int, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
@@ -176,7 +182,11 @@ class Capture:
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
-        marked = any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
+        # Marked donors count in a full sync, or while torch_xla's buffer donor config is on
+        # (Note [Buffer donor config] in dynamo.py); a hash or a partial sync ignores them.
+        marked = (full or _alias_with_buffer_donor()) and any(
+            n.meta == DONATE for n in nodes if n.op == DEVICE_DATA
+        )
         self.donate = self._donation(nodes, root_values) if donate or marked else ()
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         self.data = sharding.align_device_order(data, nodes, out_shardings) if spmd() else data
@@ -296,7 +306,7 @@ def sync_states(
     if cause is None:
         cause = analysis.USER_SYNC if states is None else analysis.VALUE_ACCESS
     try:
-        _execute(pending, states is None and FLAGS.donate_buffers, cause, wait)
+        _execute(pending, states is None and FLAGS.donate_buffers, cause, wait, states is None)
     except ExecutionNotAllowed:
         raise
     except Exception as err:
@@ -481,8 +491,10 @@ def _seq_of(s: LazyState) -> int:
     return s.seq
 
 
-def _execute(pending: list[LazyState], donate: bool, cause: str, wait: bool) -> None:
-    cap = Capture(pending, donate=donate)
+def _execute(
+    pending: list[LazyState], donate: bool, cause: str, wait: bool, full: bool = False
+) -> None:
+    cap = Capture(pending, donate=donate, full=full)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if FLAGS.save_tensors_file:
         analysis.save_graph(cap)

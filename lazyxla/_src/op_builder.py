@@ -476,3 +476,111 @@ class RegisteredOp:
 def register(name: str, opfn: Callable[..., Any]) -> RegisteredOp:
     """A PyTorch op computing `opfn` (written with `xla_builder.Op`) on lazyxla tensors."""
     return RegisteredOp(name, opfn)
+
+
+# --- placeholder tensors --------------------------------------------------------------------------
+
+# Note [Placeholder tensors]
+# torch_xla's `create_placeholder_tensor(shape, dtype)` is a device tensor with no buffer: it
+# stages out a graph (its ops are recorded, `_get_xla_tensors_hlo` shows it as a parameter) and
+# reading its value fails. Here it is a device-data leaf whose array is a deleted jax Array of that
+# shape, dtype and placement (a zero buffer made on the device, no host transfer, then freed): the
+# graph key, IR text and lowering see an ordinary parameter, and running a graph that reads it
+# raises JAX's RuntimeError ("Array has been deleted"), the state of a donated buffer, which
+# torch_xla also reports as a placeholder. It receives data by being written (`p.copy_(t)`) or by
+# `_replace_xla_tensor`. `mark_sharding` of a placeholder must give it a new placeholder array with
+# the sharding (`placeholder_array`), as torch_xla makes a sharded placeholder: there is no data
+# to move.
+_placeholders: dict[int, Any] = {}  # id(array) -> weakref: the arrays made as placeholders
+
+
+def create_placeholder_tensor(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A lazyxla tensor of `shape` and `dtype` with no device buffer (torch_xla's
+    `xla_builder.create_placeholder_tensor`); see Note [Placeholder tensors].
+
+    Args:
+        shape: the tensor's sizes.
+        dtype: its torch dtype.
+
+    Returns:
+        A tensor usable in traced computations; reading its value raises RuntimeError.
+
+    Example:
+        >>> p = create_placeholder_tensor((2, 3), torch.bfloat16)
+        >>> hlo = torch_xla._XLAC._get_xla_tensors_hlo([torch.sin(p)])
+    """
+    from .ir import TensorSpec, device_data
+    from .sharding import sharding_key, upload_placement
+    from .tensor import new_tensor
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"create_placeholder_tensor: dtype must be a torch.dtype, got {dtype!r}")
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"create_placeholder_tensor: negative size in shape {shape}")
+    runtime.check_dtype(dtype, "a placeholder tensor")
+    spec = TensorSpec(shape, dtype)
+    placement = upload_placement()
+    arr = placeholder_array(shape, dtype, placement)
+    return new_tensor(
+        (device_data(arr, spec, sharding=sharding_key(placement, len(shape))), 0), spec
+    )
+
+
+def placeholder_array(shape: tuple[int, ...], dtype: torch.dtype, placement: Any) -> jax.Array:
+    """A deleted array of `shape`, `dtype` and `placement` (a device or a sharding), remembered
+    as a placeholder (Note [Placeholder tensors])."""
+    import weakref
+
+    arr = jnp.zeros(shape, runtime.jnp_dtype(dtype), device=placement)
+    arr.delete()
+    key = id(arr)
+    _placeholders[key] = weakref.ref(arr, lambda _: _placeholders.pop(key, None))
+    return arr
+
+
+def _data_array(t: torch.Tensor) -> Any:
+    """The device array `t` holds, or None if its value is pending."""
+    from .ir import DEVICE_DATA
+    from .tensor import is_lazy, read, state
+
+    if not is_lazy(t):
+        raise TypeError(f"expected a lazyxla tensor, got a {t.device} tensor")
+    node = read(state(t))[0]
+    return node.data if node.op == DEVICE_DATA else None
+
+
+def made_as_placeholder(arr: Any) -> bool:
+    """Whether device array `arr` was made by `placeholder_array`."""
+    ref = _placeholders.get(id(arr))
+    return ref is not None and ref() is arr
+
+
+def is_placeholder(t: torch.Tensor) -> bool:
+    """Whether `t` holds device data without a buffer: a placeholder, or a donated (deleted)
+    buffer (torch_xla's `_XLAC._is_placecholder`)."""
+    arr = _data_array(t)
+    return arr is not None and arr.is_deleted()
+
+
+def tensors_handle(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """A unique id of each tensor's device buffer (torch_xla's `_XLAC._get_tensors_handle`);
+    pending values are executed first. A placeholder gets an id of its own; a buffer that was
+    donated (deleted) has none: RuntimeError."""
+    from .transfer import materialize
+
+    handles = []
+    for t in tensors:
+        arr = _data_array(t)
+        if arr is None:
+            arr = materialize(t)
+        if made_as_placeholder(arr):
+            handles.append(id(arr))
+        elif arr.is_deleted():
+            raise RuntimeError(
+                f"_get_tensors_handle: the buffer of a tensor of shape {tuple(t.shape)} is deleted "
+                "(it was donated to a graph that wrote its output into it); it has no handle"
+            )
+        else:
+            handles.append(min(s.data.unsafe_buffer_pointer() for s in arr.addressable_shards))
+    return handles

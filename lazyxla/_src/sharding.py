@@ -66,7 +66,14 @@ def use_spmd(auto: bool = False) -> None:
     for s in live_states():
         node = s.value[0]
         if node.op == "xla::device_data" and s.base is None and s.sharding is None:
-            arr = jax.device_put(node.data, replicated)
+            if node.data.is_deleted():  # a donated buffer or a placeholder: no data to move
+                from .op_builder import made_as_placeholder, placeholder_array
+
+                if not made_as_placeholder(node.data):
+                    continue
+                arr = placeholder_array(s.spec.shape, s.spec.dtype, replicated)
+            else:
+                arr = jax.device_put(node.data, replicated)
             s.value = (device_data(arr, s.spec, sharding=sharding_key(replicated, arr.ndim)), 0)
 
 
@@ -446,8 +453,13 @@ def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedShardi
     node, k = read(s)
     spec = s.spec
     if node.op == "xla::device_data" and s.base is None and _divides(named, spec.shape):
-        with metrics.timed("TransferToDeviceTime"):
-            arr = jax.device_put(_named(node.data), named)
+        from .op_builder import made_as_placeholder, placeholder_array
+
+        if made_as_placeholder(node.data):  # no data to move (Note [Placeholder tensors])
+            arr = placeholder_array(spec.shape, spec.dtype, named)
+        else:
+            with metrics.timed("TransferToDeviceTime"):
+                arr = jax.device_put(_named(node.data), named)
         s.value = (device_data(arr, spec, sharding=sharding_key(named, arr.ndim)), 0)
     else:
         # A pending value, or an uneven split (jax arrays hold only even shardings; XLA pads

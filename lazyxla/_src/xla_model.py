@@ -167,7 +167,11 @@ analysis.ENTRY_POINTS.add(mark_step.__code__)
 def wait_device_ops(devices: Sequence[Any] = ()) -> None:
     """Block until every executed computation has finished and its results are ready."""
     del devices
-    arrays = [s.value[0].data for s in live_states() if s.value[0].op == DEVICE_DATA]
+    arrays = [  # (not a donated buffer, nor a placeholder: they have no buffer to wait for)
+        s.value[0].data
+        for s in live_states()
+        if s.value[0].op == DEVICE_DATA and not s.value[0].data.is_deleted()
+    ]
     jax.block_until_ready(arrays)
     metrics.wait_for_samples()  # ExecuteTime samples still being timed (Note [ExecuteTime])
     step_closures.wait_async()

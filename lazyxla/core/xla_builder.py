@@ -3,7 +3,8 @@ ops of the lazy graph.
 
 `call_jax(f, args, kwargs)` records `f` as one op (Note [call_jax] in
 `lazyxla/_src/jax_interop.py`); `Op`, `Type` and `Shape` are torch_xla's op builder, over
-`jax.lax` (Note [Op builder] in `lazyxla/_src/op_builder.py`).
+`jax.lax` (Note [Op builder] in `lazyxla/_src/op_builder.py`). `create_placeholder_tensor` makes a
+tensor with no buffer, for staging out graphs (Note [Placeholder tensors]).
 """
 
 from .._src.jax_interop import _CACHE as _JAX_TO_XLA_COMPUTATION_CACHE
@@ -15,6 +16,7 @@ from .._src.op_builder import Op as Op
 from .._src.op_builder import Shape as Shape
 from .._src.op_builder import Type as Type
 from .._src.op_builder import create_computation as create_computation
+from .._src.op_builder import create_placeholder_tensor as create_placeholder_tensor
 from .._src.op_builder import get_computation_hlo as get_computation_hlo
 from .._src.op_builder import tensor_shape as tensor_shape
 from .._src.op_builder import xla_computation_as_func as xla_computation_as_func
@@ -29,6 +31,7 @@ __all__ = [
     "Type",
     "call_jax",
     "create_computation",
+    "create_placeholder_tensor",
     "get_computation_hlo",
     "tensor_shape",
     "xla_computation_as_func",
