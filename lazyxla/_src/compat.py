@@ -478,6 +478,12 @@ def _make_xlac() -> types.ModuleType:
     m._xla_user_computation = op_builder.user_computation
     m._xla_computation_text = op_builder.get_computation_hlo
     m._global_tensor_from_cpu_shards = sharding.global_tensor_from_cpu_shards
+    from . import manual
+
+    m.OpSharding = manual.OpSharding
+    m._spmd_full_to_shard_shape = manual.full_to_shard_shape
+    m._spmd_shard_to_full_shape = manual.shard_to_full_shape
+    m._mark_manual_sharding = manual.xlac_mark_manual_sharding
     for name in _CHECKPOINT_ENTRIES:
         setattr(m, name, _checkpoint_entry(name))
     m._xla_get_all_devices = lambda: [_xla_device_str(i) for i in range(api.device_count())]

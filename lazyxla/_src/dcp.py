@@ -40,7 +40,14 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from . import graph, runtime
 from .ir import device_data
-from .sharding import ShardingType, XLAShard, XLAShardedTensor, output_sharding, wrap_if_sharded
+from .sharding import (
+    ShardingType,
+    XLAShard,
+    XLAShardedTensor,
+    output_sharding,
+    shard_slices,
+    wrap_if_sharded,
+)
 from .tensor import state, write
 
 # Note [Distributed checkpoint]
@@ -205,10 +212,11 @@ def _host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
 
 def _cpu_shards(t: torch.Tensor) -> _CpuShards:
     shape = tuple(t.shape)
+    whole = _array(t).sharding.is_fully_replicated  # torch_xla's replicated shards sit at `...`
     shards = [
         XLAShard(
             runtime.device_to_host(sh.data, t.dtype),
-            _slices(sh.index, shape),
+            Ellipsis if whole else _slices(sh.index, shape),
             sh.replica_id,
             f"{sh.device.platform.upper()}:{sh.device.id}",
         )
@@ -270,8 +278,12 @@ def _xla_write_items(sharded: dict) -> list[WriteItem]:
     for fqn, v in sharded.items():
         if isinstance(v, _CpuShards):
             props = _properties(v.shards[0].data.dtype)
-            written = [(k, sh.indices) for k, sh in enumerate(v.shards) if sh.replica_id == 0]
             shape = v.global_shape
+            written = [
+                (k, shard_slices(sh.indices, shape))
+                for k, sh in enumerate(v.shards)
+                if sh.replica_id == 0
+            ]
         else:
             props = _properties(v.dtype, v.requires_grad)
             written, shape = _written_shards(v), v.shape
@@ -340,7 +352,8 @@ class SPMDSavePlanner(SavePlanner):
             raise RuntimeError(f"write item {index} was already resolved")
         self._local_shards[index.fqn][index.index] = None  # written once; free the host copy
         if isinstance(shard, XLAShard):
-            if torch.Size(i.start for i in shard.indices) != index.offset:
+            offset = torch.Size(i.start for i in shard_slices(shard.indices, v.global_shape))
+            if offset != index.offset:
                 raise RuntimeError(f"write item {index} does not match its shard")
             return shard.unpadded_data
         return runtime.device_to_host(shard.data, v.dtype)

@@ -295,6 +295,10 @@ def sync_states(
     marked failed (a read retries them), every other one gets its value, and the error is raised
     here (Note [Failed graphs])."""
     pending = pending_states(states)
+    if states is None and pending:
+        from . import manual
+
+        pending = manual.without_open_regions(pending)
     if not pending:
         return
     if not _allow_execution:

@@ -10,12 +10,17 @@ replaces the region by one `xla::shard_map` node whose inputs are the entries' f
 leaves (replicated). Its rule interprets the region with the same `Program` as a whole graph,
 inside `jax.shard_map`; its static arguments carry the region's structural key, so the graph cache
 tells regions apart (see Note [Graph hashing]). Closing nothing and syncing an open region is an
-error that says so.
+error that says so; a sync of every live tensor leaves an open region's tensors pending (with a
+warning) and runs the rest. torch_xla's low-level entry points map onto the same region:
+`_XLAC._spmd_full_to_shard_shape` opens one from a `mark_sharding` annotation,
+`xs._mark_manual_sharding` marks a value as a local shard, and `_XLAC._spmd_shard_to_full_shape`
+closes it (a value marked manual outside any region is every device's shard).
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,17 +76,48 @@ def enable_manual_sharding(
     if mesh is None:
         raise ValueError("enable_manual_sharding needs a mesh: pass mesh= or set_global_mesh")
     t = xs.unwrap(xs.mark_sharding(t, mesh, partition_spec))
-    spec = mesh.translate(tuple(partition_spec))
+    return xs.XLAShardedTensor.wrap(_open(t, mesh, mesh.translate(tuple(partition_spec))))
+
+
+def _open(t: torch.Tensor, mesh: xs.Mesh, spec: tuple) -> torch.Tensor:
+    """The local shard of `t` (sharded by `spec` over `mesh`): a manual region's entry."""
     local = TensorSpec(_local_shape(tuple(t.shape), mesh, spec), t.dtype)
     value = emit(FULL_TO_SHARD, _open_region_rule, (read(state(t)),), (Ref(0), mesh, spec), local)
     out = new_tensor(value, local)
     state(out).sharding = xs.MANUAL
     global _regions_opened
     _regions_opened += 1
-    return xs.XLAShardedTensor.wrap(out)
+    return out
 
 
 _REGION_LEAVES = (FULL_TO_SHARD, DEVICE_DATA, SCALAR)
+
+
+def without_open_regions(states: list[Any]) -> list[Any]:
+    """`states` less those inside a manual region not closed yet, for a sync of every live tensor:
+    a local shard has no global value until `disable_manual_sharding` (or
+    `_spmd_shard_to_full_shape`) closes its region, so the sync leaves it pending (a read of it
+    raises, naming the missing step) and runs the rest."""
+    if not _regions_opened:
+        return states
+    memo: dict[int, bool] = {}
+
+    def inside(root: Node) -> bool:
+        order = post_order([root], stop=lambda n: id(n) in memo or n.op in _REGION_LEAVES)
+        for n in order:
+            if id(n) not in memo:
+                memo[id(n)] = n.op == FULL_TO_SHARD or any(memo[id(x)] for x, _ in n.inputs)
+        return memo[id(root)]
+
+    kept = [s for s in states if not inside(s.value[0])]
+    if len(kept) != len(states):
+        warnings.warn(
+            f"sync: {len(states) - len(kept)} tensor(s) inside a manual sharding region that was "
+            "never closed stay pending; close it with xs.disable_manual_sharding (or "
+            "_XLAC._spmd_shard_to_full_shape) to compute them",
+            stacklevel=3,
+        )
+    return kept
 
 
 def _region(root: tuple[Node, int]) -> tuple[list[Node], list[Node]]:
@@ -104,8 +140,14 @@ def disable_manual_sharding(
     mesh = mesh or xs.get_global_mesh()
     if mesh is None:
         raise ValueError("disable_manual_sharding needs a mesh: pass mesh= or set_global_mesh")
-    t = xs.unwrap(t)
-    spec = mesh.translate(tuple(partition_spec))
+    return _close(xs.unwrap(t), mesh, tuple(partition_spec), full_shape)
+
+
+def _close(
+    t: torch.Tensor, mesh: xs.Mesh, partition_spec: tuple, full_shape: Sequence[int]
+) -> xs.XLAShardedTensor:
+    """The full tensor of the manual region's local shard `t`, sharded over `mesh`."""
+    spec = mesh.translate(partition_spec)
     full = TensorSpec(tuple(full_shape), t.dtype)
     if _local_shape(full.shape, mesh, spec) != tuple(t.shape):
         raise ValueError(
@@ -145,6 +187,157 @@ def disable_manual_sharding(
     node = Node("xla::shard_map", rule, tuple(inputs), args, (), (full,))
     out = new_tensor((node, 0), full)
     return xs.mark_sharding(out, mesh, partition_spec)
+
+
+# --- torch_xla's low-level manual sharding entry points (`_XLAC._spmd_full_to_shard_shape`, ...) --
+
+
+class OpSharding:
+    """torch_xla's `_XLAC.OpSharding(tile_assignment, group_assignment, replication_groups,
+    sharding_type)`; lazyxla reads only its type (replicated or manual) from it: tiled shardings
+    are given as `Mesh.get_op_sharding` strings."""
+
+    def __init__(
+        self,
+        tile_assignment: Sequence[Any],
+        group_assignment: Sequence[Any],
+        replication_groups: Sequence[Any],
+        sharding_type: int,
+    ) -> None:
+        self.tile_assignment = list(tile_assignment)
+        self.group_assignment = list(group_assignment)
+        self.replication_groups = list(replication_groups)
+        self.sharding_type = xs.ShardingType(int(sharding_type))
+
+    def __repr__(self) -> str:
+        return f"OpSharding(type={self.sharding_type.name})"
+
+
+def mark_manual_sharding(t: torch.Tensor) -> xs.XLAShardedTensor:
+    """torch_xla's `xs._mark_manual_sharding`: `t`, a value computed inside a manual region, is
+    marked as a local shard (sharding `{manual}`), ready for `_spmd_shard_to_full_shape`."""
+    t = xs.unwrap(t)
+    s = state(t)
+    if read(s)[0].op == DEVICE_DATA:
+        raise RuntimeError(
+            "_mark_manual_sharding: the tensor is device data, not a value computed in a manual "
+            "region; open one with _XLAC._spmd_full_to_shard_shape (or xs.enable_manual_sharding)"
+        )
+    s.sharding = xs.MANUAL
+    return xs.XLAShardedTensor.wrap(t)
+
+
+def xlac_mark_manual_sharding(t: torch.Tensor, sharding: OpSharding) -> None:
+    """torch_xla's `_XLAC._mark_manual_sharding(t, OpSharding(..., MANUAL))`."""
+    if not (isinstance(sharding, OpSharding) and sharding.sharding_type == xs.ShardingType.MANUAL):
+        raise RuntimeError(
+            f"_mark_manual_sharding takes OpSharding([], [], [], ShardingType.MANUAL), got "
+            f"{sharding!r}"
+        )
+    mark_manual_sharding(t)
+
+
+def full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
+    """torch_xla's `_XLAC._spmd_full_to_shard_shape`: the local shard of `t` under the sharding
+    `mark_sharding` gave it (a manual region's entry, see Note [Manual sharding])."""
+    t = xs.unwrap(t)
+    ann = state(t).sharding
+    if not isinstance(ann, xs.ShardingAnnotation):
+        raise RuntimeError(
+            "_spmd_full_to_shard_shape: the tensor has no sharding annotation; call "
+            "xs.mark_sharding(t, mesh, partition_spec) first"
+        )
+    return _open(t, ann.mesh, ann.partition_spec)
+
+
+def _mesh_of_sharding(sharding: Any, ndim: int, entry: xs.Mesh | None) -> tuple[xs.Mesh, tuple]:
+    """(mesh, partition spec) of a torch_xla sharding (OpSharding or V1 string) of a rank-`ndim`
+    result, over the region's entry mesh if it has one (one shard_map has one mesh)."""
+    text = sharding
+    if isinstance(sharding, OpSharding):
+        if sharding.sharding_type != xs.ShardingType.REPLICATED:
+            raise NotImplementedError(
+                f"_spmd_shard_to_full_shape takes a replicated OpSharding or a tiled sharding as "
+                f"a Mesh.get_op_sharding string, got {sharding}"
+            )
+        text = "{replicated}"
+    if text == "{replicated}":
+        return entry or xs.get_1d_mesh(), (None,) * ndim
+    parsed = xs.parse_v1(str(text))
+    if parsed is None or len(parsed[0]) != ndim:
+        raise RuntimeError(
+            f"_spmd_shard_to_full_shape: {text!r} is not a tiled sharding of a rank-{ndim} "
+            "tensor; pass mesh.get_op_sharding(partition_spec)"
+        )
+    if entry is None:  # the mesh the string describes: tile dims, then the replication group
+        dims, devs, group = parsed
+        return xs.Mesh(devs, (*dims, group)), tuple(range(ndim))
+    for spec in itertools.product(*[[None, *range(len(entry.mesh_shape))] for _ in range(ndim)]):
+        try:
+            named = entry._make_named(entry.translate(spec))  # uncached: no CreateOpSharding
+        except ValueError:  # a mesh axis used twice
+            continue
+        if xs.hlo_string(named, ndim) == text:
+            return entry, spec
+    raise NotImplementedError(
+        f"_spmd_shard_to_full_shape: the sharding {text} is not one over the manual region's mesh "
+        f"{entry}; lazyxla lowers a region to one shard_map, over one mesh"
+    )
+
+
+def shard_to_full_shape(
+    t: torch.Tensor, sharding: Any, full_shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """torch_xla's `_XLAC._spmd_shard_to_full_shape`: close the manual region whose local shard
+    `t` (marked with `_mark_manual_sharding`) is; the full tensor, sharded by `sharding`."""
+    t = xs.unwrap(t)
+    if state(t).sharding is not xs.MANUAL:
+        raise RuntimeError(
+            "_spmd_shard_to_full_shape: the tensor is not a manual shard; mark it with "
+            "xs._mark_manual_sharding(t) inside a region opened by _spmd_full_to_shard_shape"
+        )
+    if dtype != t.dtype:
+        raise RuntimeError(f"_spmd_shard_to_full_shape: dtype {dtype} is not the shard's {t.dtype}")
+    entry = manual_mesh(t)
+    mesh, spec = _mesh_of_sharding(sharding, len(full_shape), entry)
+    if entry is None:
+        return xs.unwrap(_close_replicated(t, mesh, spec, full_shape))
+    return xs.unwrap(_close(t, mesh, spec, full_shape))
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _close_replicated(
+    t: torch.Tensor, mesh: xs.Mesh, spec: tuple, full_shape: Sequence[int]
+) -> xs.XLAShardedTensor:
+    """A value marked manual outside any region (no `_spmd_full_to_shard_shape` before it): a
+    global, replicated value, so every device's local shard is the whole of `t`. The full tensor
+    is those shards laid out by `spec` (torch_xla's SPMDShardToFullShape of such a value)."""
+    full = TensorSpec(tuple(full_shape), t.dtype)
+    if _local_shape(full.shape, mesh, spec) != tuple(t.shape):
+        raise ValueError(
+            f"a local shard of shape {tuple(t.shape)} does not tile full_shape "
+            f"{tuple(full_shape)} under {spec} over {mesh}"
+        )
+    jmesh, out_spec = mesh.jax_mesh, _pspec(mesh, spec)
+
+    def rule(x: Any, key: Any) -> Any:
+        fn = jax.shard_map(
+            _identity, mesh=jmesh, in_specs=(PartitionSpec(),), out_specs=out_spec, check_vma=False
+        )
+        return fn(x)
+
+    node = Node(
+        "xla::shard_map",
+        rule,
+        (read(state(t)),),
+        (Ref(0), ("identity", out_spec, jmesh)),
+        (),
+        (full,),
+    )
+    return xs.mark_sharding(new_tensor((node, 0), full), mesh, spec)
 
 
 # --- collectives inside a manual region -----------------------------------------------------------

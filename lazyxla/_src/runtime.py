@@ -190,6 +190,9 @@ def _upload(t: torch.Tensor, device: Any) -> jax.Array:
 
 def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new, writable CPU tensor."""
+    if not isinstance(arr.sharding, jax.sharding.SingleDeviceSharding):
+        # An SPMD array read whole (torch_xla's name for assembling sharded data on the host).
+        metrics.counter_inc("ReplicateShardedData")
     with metrics.timed("TransferFromDeviceTime"):
         if not (arr.is_fully_addressable or arr.is_fully_replicated):
             # Sharded over several processes (SPMD across hosts): a collective gather, so every

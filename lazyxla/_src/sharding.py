@@ -268,7 +268,17 @@ class Mesh:
         return tuple(out)
 
     def named_sharding(self, partition_spec: tuple) -> NamedSharding:
+        """The jax sharding of `partition_spec` over this mesh, made once per spec and mesh
+        object, as torch_xla caches its OpShardings (a new one counts `CreateOpSharding`)."""
         spec = self.translate(partition_spec)
+        cache = self.__dict__.setdefault("_op_shardings", {})
+        named = cache.get(spec)
+        if named is None:
+            metrics.counter_inc("CreateOpSharding")
+            named = cache[spec] = self._make_named(spec)
+        return named
+
+    def _make_named(self, spec: tuple) -> NamedSharding:
         names = self.jax_axis_names
 
         def name(p: Any) -> Any:
@@ -286,36 +296,6 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh(shape={dict(self.shape())}, devices={self.device_ids.tolist()})"
-
-
-class HybridMesh(Mesh):
-    """A mesh over ICI-connected devices within slices and DCN across slices.
-
-    On CPU and GPU there is no physical topology to follow: devices are ordered by id, so this is
-    the plain mesh of shape `ici_mesh_shape * dcn_mesh_shape`, DCN axes outermost.
-    """
-
-    def __init__(
-        self,
-        *,
-        ici_mesh_shape: tuple[int, ...],
-        dcn_mesh_shape: tuple[int, ...] | None = None,
-        axis_names: tuple[str, ...] | None = None,
-    ) -> None:
-        if dcn_mesh_shape is None:
-            dcn_mesh_shape = (1,) * len(ici_mesh_shape)
-        if len(ici_mesh_shape) != len(dcn_mesh_shape):
-            raise AssertionError("ici_mesh_shape and dcn_mesh_shape must have the same rank")
-        self.ici_mesh_shape = tuple(ici_mesh_shape)
-        self.dcn_mesh_shape = tuple(dcn_mesh_shape)
-        mesh_shape = tuple(i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape))
-        n = int(np.prod(mesh_shape))
-        # Slice-major order: each DCN block holds one slice's contiguous device ids.
-        ids = np.arange(n).reshape(tuple(dcn_mesh_shape) + tuple(ici_mesh_shape))
-        r = len(mesh_shape)
-        order = [x for i in range(r) for x in (i, r + i)]
-        ids = ids.transpose(order).reshape(mesh_shape)
-        super().__init__(ids.ravel(), mesh_shape, axis_names)
 
 
 _global_mesh: Mesh | None = None
@@ -523,30 +503,82 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
 # --- XLAShardedTensor ----------------------------------------------------------------------------
 
 
+def shard_slices(indices: Any, shape: Sequence[int]) -> list[slice]:
+    """An `XLAShard.indices` as one slice per dim (a replicated shard's `...` is the whole)."""
+    if indices is Ellipsis:
+        return [slice(0, n, 1) for n in shape]
+    return list(indices)
+
+
 @dataclasses.dataclass
 class XLAShard:
-    """One device's piece of a sharded tensor, on the CPU."""
+    """One device's piece of a sharded tensor, on the CPU. `indices` is where it sits in the
+    global tensor: a list of slices, one per dim, or `...` (Ellipsis) for a replicated shard,
+    as torch_xla's. `data` of an uneven split's last tiles is zero-padded to the common shard
+    shape; `unpadded_data` is its real part (a view, as torch_xla's)."""
 
     data: torch.Tensor
     indices: Any
     replica_id: int
     device: str
-    unpadded_data: torch.Tensor | None = None
 
-    def __post_init__(self) -> None:
-        if self.unpadded_data is None:
-            self.unpadded_data = self.data
+    @property
+    def shard_device(self) -> str:
+        """The device the shard came from (torch_xla's name for `device`)."""
+        return self.device
+
+    def _unpadded(self) -> Any:
+        if self.indices is Ellipsis:
+            return Ellipsis
+        return tuple(slice(0, i.stop - i.start) for i in self.indices)
+
+    @property
+    def unpadded_data(self) -> torch.Tensor:
+        return self.data[self._unpadded()]
+
+    @unpadded_data.setter
+    def unpadded_data(self, t: torch.Tensor) -> None:
+        self.data[self._unpadded()] = t
 
 
 class XLAShardedTensor(torch.Tensor):
     """A lazyxla tensor seen with its sharding (torch_xla's `XLAShardedTensor`).
 
     It aliases the global tensor (same storage, same lazy value, so reads and in-place writes are
-    shared); `global_tensor` is the original tensor, with its autograd identity.
+    shared); `global_tensor` is the original tensor, with its autograd identity. As torch_xla's,
+    an op on XLAShardedTensors returns XLAShardedTensors (`model(xst)` is one, and its
+    `global_tensor` is the op's own result, on the autograd graph).
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
     _global: torch.Tensor
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+            if func in torch.overrides.get_default_nowrap_functions():
+                return out
+            given = {id(a) for a in torch.utils._pytree.tree_leaves((args, kwargs))}
+
+            def wrap(t: torch.Tensor) -> torch.Tensor:
+                return t if id(t) in given else _wrap_result(t)
+
+            return torch.utils._pytree.tree_map_only(torch.Tensor, wrap, out)
+
+    def __deepcopy__(self, memo: dict) -> XLAShardedTensor:
+        """A copy of the global tensor (its sharding kept), seen as an XLAShardedTensor."""
+        import copy
+
+        if id(self) in memo:
+            return memo[id(self)]
+        out = XLAShardedTensor.wrap(copy.deepcopy(self.global_tensor, memo))
+        for k in ("_mesh_shape", "_partition_spec"):
+            if k in self.__dict__:
+                out.__dict__[k] = self.__dict__[k]
+        memo[id(self)] = out
+        return out
 
     @staticmethod
     def wrap(t: torch.Tensor) -> XLAShardedTensor:
@@ -587,19 +619,44 @@ class XLAShardedTensor(torch.Tensor):
         out = []
         for sh in shards:
             data = runtime.device_to_host(sh.data, self.dtype)
-            idx = [
+            idx: Any = [
                 slice(i.start or 0, i.stop if i.stop is not None else n, i.step or 1)
                 for i, n in zip(sh.index, self.shape)
             ]
+            if arr.sharding.is_fully_replicated:
+                idx = Ellipsis
             where = f"{sh.device.platform.upper()}:{sh.device.id}"
             out.append(XLAShard(data, idx, sh.replica_id, where))
         return out
 
     def load_local_shards_(self, shards: list[XLAShard]) -> None:
-        """Replace the data shard by shard (each shard's indices say where it goes)."""
+        """Replace the data shard by shard (each shard's indices say where it goes). As torch_xla:
+        the tensor must be split (tiled or partially replicated), and `shards` must be one per
+        device, each of the (padded) shard shape."""
+        kind = self.sharding_type
+        if kind not in (ShardingType.TILED, ShardingType.PARTIAL):
+            raise RuntimeError(
+                "load_local_shards_ loads the shards of a tiled or partially replicated tensor; "
+                f"this one's sharding is {self.sharding_spec or 'none'}: write the whole tensor "
+                "with copy_ instead"
+            )
+        n = len(runtime.jax_devices())
+        if len(shards) != n:
+            raise RuntimeError(
+                f"load_local_shards_ expects {n} shards, one per device, got {len(shards)}"
+            )
+        named = _sharding_of(self)
+        dims = named._to_xla_hlo_sharding(self.dim()).tile_assignment_dimensions()
+        want = tuple(-(-m // d) for m, d in zip(self.shape, dims))
+        for sh in shards:
+            if tuple(sh.data.shape) != want:
+                raise RuntimeError(
+                    f"load_local_shards_: the shard from {sh.device} has shape "
+                    f"{tuple(sh.data.shape)}, the sharding's shards have shape {want}"
+                )
         full = self.global_tensor.cpu()
         for sh in shards:
-            full[tuple(sh.indices)] = sh.unpadded_data
+            full[tuple(shard_slices(sh.indices, full.shape))] = sh.unpadded_data
         s = state(self)
         named = _sharding_of(self)
         s.value = state(full.to(self.device)).value
@@ -737,10 +794,7 @@ def _tiles(full: torch.Tensor, named: NamedSharding) -> list[XLAShard]:
     hlo = named._to_xla_hlo_sharding(full.dim())
     ids = _mesh_device_ids(named)
     if hlo.is_replicated():
-        return [
-            XLAShard(full.clone(), [slice(0, n, 1) for n in full.shape], i, f"CPU:{d}")
-            for i, d in enumerate(sorted(ids))
-        ]
+        return [XLAShard(full.clone(), Ellipsis, i, f"CPU:{d}") for i, d in enumerate(sorted(ids))]
     dims = list(hlo.tile_assignment_dimensions())
     devs = [ids[p] for p in hlo.tile_assignment_devices()]
     coords = np.unravel_index(np.arange(len(devs)), dims)
@@ -760,8 +814,33 @@ def _tiles(full: torch.Tensor, named: NamedSharding) -> list[XLAShard]:
         if any(pad):
             widths = [w for p in reversed(pad) for w in (0, p)]
             padded = torch.nn.functional.pad(real, widths)
-        out.append(XLAShard(padded, idx, replica, f"CPU:{d}", unpadded_data=real))
+        out.append(XLAShard(padded, idx, replica, f"CPU:{d}"))
     return out
+
+
+def _wrap_result(t: torch.Tensor) -> torch.Tensor:
+    """An op's lazy tensor result as an XLAShardedTensor (an alias on the autograd graph)."""
+    if type(t) is not torch.Tensor or t.device.type != DEVICE_TYPE:
+        return t
+    if t.requires_grad:
+        out = _AsSharded.apply(t)
+    else:
+        out = torch.Tensor._make_subclass(XLAShardedTensor, t, False)
+    out._global = t
+    return out
+
+
+class _AsSharded(torch.autograd.Function):
+    """`t` seen as an XLAShardedTensor (same storage), on the autograd graph: the gradient
+    passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return torch.Tensor._make_subclass(XLAShardedTensor, t, False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
 
 
 def unwrap(t: torch.Tensor) -> torch.Tensor:

@@ -205,43 +205,101 @@ class SpmdFullyShardedDataParallel(nn.Module):
 
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:
-    """Print which device holds which tile of `t` (a rich table, via JAX's visualizer)."""
-    import jax
+    """Print which devices hold which tile of `t`: `visualize_sharding` of its sharding spec.
 
-    arr = xs.XLAShardedTensor.wrap(xs.unwrap(t))._array()
-    if arr.ndim > 2:
-        raise ValueError("visualize_tensor_sharding shows 1-D and 2-D tensors")
-    return jax.debug.visualize_array_sharding(arr, **kwargs)
+    Args:
+        t: a lazyxla tensor or XLAShardedTensor.
+        **kwargs: passed to `visualize_sharding` (use_color, scale, min_width, max_width).
+
+    Returns:
+        The rich table, as torch_xla returns it.
+    """
+    return visualize_sharding(xs.sharding_spec(xs.unwrap(t)), **kwargs)
 
 
-def visualize_sharding(sharding: str, use_color: bool = True) -> Any:
-    """Print a torch_xla sharding string as a grid of tiles and the devices holding each.
+def _tiles_of(sharding: str) -> tuple[int, int, dict[tuple[int, int], Any]]:
+    """(rows, cols, {(row, col): device id, or the list of ids holding that tile}) of a torch_xla
+    sharding string, as torch_xla's visualizer reads it: a replicated tensor is one tile held by
+    every device; a 1-D tiling is one row."""
+    from . import runtime
+
+    if sharding in ("{replicated}", ""):
+        return 1, 1, {(0, 0): list(range(len(runtime.jax_devices())))}
+    parsed = xs.parse_v1(sharding)
+    if parsed is None:
+        raise ValueError(
+            f"not a torch_xla V1 sharding string: {sharding!r} (expected e.g. "
+            "'{devices=[2,4]0,1,2,3,4,5,6,7}' or '{replicated}')"
+        )
+    dims, devs, group = parsed
+    if len(dims) == 1:
+        dims = [1, dims[0]]
+    if len(dims) != 2:
+        raise ValueError(f"visualize_sharding shows 1-D and 2-D tilings, got {sharding}")
+    rows, cols = dims
+    partial = "last_tile_dim_replicate" in sharding
+    tiles: dict[tuple[int, int], Any] = {}
+    for k in range(len(devs) // group):
+        held = devs[k * group : (k + 1) * group]
+        tiles[k // cols, k % cols] = held if partial else held[0]
+    return rows, cols, tiles
+
+
+def visualize_sharding(
+    sharding: str,
+    use_color: bool = True,
+    scale: float = 1.0,
+    min_width: int = 9,
+    max_width: int = 80,
+) -> Any:
+    """Print a torch_xla sharding string as a rich table of tiles, each naming the devices that
+    hold it, rendered as torch_xla renders it (`CPU 3` for a tile held by one device,
+    `CPU [0, 1]` for a replicated or partially replicated tile).
+
+    Args:
+        sharding: a torch_xla V1 sharding string (`Mesh.get_op_sharding`, `sharding_spec`).
+        use_color: draw without lines when the console has colors (torch_xla's rule).
+        scale, min_width: accepted for torch_xla's signature (its cells do not use them).
+        max_width: the console width.
+
+    Returns:
+        The rich table.
 
     Example:
         >>> visualize_sharding("{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}")
     """
-    from rich.console import Console
-    from rich.table import Table
+    import rich.align
+    import rich.box
+    import rich.console
+    import rich.padding
+    import rich.style
+    import rich.table
 
-    table = Table(show_header=False, show_lines=True)
-    if sharding in ("{replicated}", ""):
-        table.add_row("replicated on all devices")
-    else:
-        parsed = xs.parse_v1(sharding)
-        if parsed is None:
-            raise ValueError(f"not a torch_xla V1 sharding string: {sharding!r}")
-        dims, devs, rep = parsed
-        tiles = [devs[i * rep : (i + 1) * rep] for i in range(len(devs) // rep)]
-        if len(dims) == 1:
-            dims = [1, dims[0]]
-        if len(dims) != 2:
-            raise ValueError("visualize_sharding shows 1-D and 2-D tilings")
-        rows, cols = dims
-        for r in range(rows):
-            cells = []
-            for c in range(cols):
-                ids = tiles[r * cols + c]
-                cells.append("CPU " + ",".join(map(str, ids)) if use_color else str(ids))
-            table.add_row(*cells)
-    Console().print(table)
+    from .runtime_api import device_type
+
+    print(f"Visualizing {sharding} (showing up to the first two dimensions)")
+    rows, cols, tiles = _tiles_of(sharding)
+    console = rich.console.Console(width=max_width)
+    lines = not (use_color and console.color_system is not None)
+    table = rich.table.Table(
+        show_header=False,
+        show_lines=lines,
+        padding=0,
+        highlight=lines,
+        pad_edge=False,
+        box=rich.box.SQUARE if lines else None,
+    )
+    style = rich.style.Style(bgcolor=None, color=None)
+    kind = device_type()
+    for r in range(rows):
+        cells = [
+            rich.padding.Padding(
+                rich.align.Align(f"{kind} {tiles[r, c]}", "center", vertical="middle"),
+                (1, 1, 1, 1),
+                style=style,
+            )
+            for c in range(cols)
+        ]
+        table.add_row(*cells)
+    console.print(table, end="\n\n")
     return table

@@ -263,12 +263,16 @@ class ProcessGroupXla(ProcessGroup):
         return dist.get_global_rank(self, rank) if self._groups else rank
 
 
+class SpmdProcessGroupError(AssertionError, RuntimeError):
+    """The `xla` process group asked for in SPMD mode (an AssertionError, as torch_xla's)."""
+
+
 def _create(prefix_store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupXla:
     """The backend's creator (torch_xla's `_create_xla_process_group`, same parameter names)."""
     from . import runtime_api
 
     if runtime_api.is_spmd():
-        raise RuntimeError(
+        raise SpmdProcessGroupError(
             "the xla process group is for one process per device; in SPMD mode use a gloo "
             "process group for host-side coordination"
         )

@@ -93,7 +93,7 @@ def test_visualize(mesh, capsys):
     xs.visualize_tensor_sharding(t)
     xs.visualize_sharding("{devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}")
     out = capsys.readouterr().out
-    assert "CPU 0,2,4,6" in out and "CPU 1,3,5,7" in out
+    assert "CPU [0, 2, 4, 6]" in out and "CPU [1, 3, 5, 7]" in out
 
 
 def test_mp_device_loader_places_batches_sharded():

@@ -1,8 +1,9 @@
 """torch_xla's SPMD sharding API (`torch_xla.distributed.spmd`, imported as `xs`)."""
 
+from ..._src.hybrid_mesh import HybridMesh as HybridMesh
 from ..._src.manual import disable_manual_sharding as disable_manual_sharding
 from ..._src.manual import enable_manual_sharding as enable_manual_sharding
-from ..._src.sharding import HybridMesh as HybridMesh
+from ..._src.manual import mark_manual_sharding as _mark_manual_sharding
 from ..._src.sharding import Mesh as Mesh
 from ..._src.sharding import ShardingSpec as ShardingSpec
 from ..._src.sharding import ShardingType as ShardingType
@@ -49,6 +50,7 @@ __all__ = [
     "clear_sharding",
     "disable_manual_sharding",
     "enable_manual_sharding",
+    "_mark_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
     "is_spmd",
