@@ -584,8 +584,9 @@ def _run_one(
     env[RESULTS_ENV] = jsonl
     # Not the checkout itself: its torch_xla/ source tree would shadow the alias.
     path_parts = [site, here, os.path.join(ptxla, "test"), REPO]
-    if item.kind == "example":  # examples import their shared modules from examples/
-        path_parts.insert(2, os.path.join(ptxla, "examples"))
+    # Examples import their shared modules from examples/, and so does a test that expects the
+    # folder on its path (dynamo/test_dynamo_dynamic_shape.py: `from decoder_only_model import`).
+    path_parts.insert(2 if item.kind == "example" else 3, os.path.join(ptxla, "examples"))
     if torchvision:
         path_parts.append(torchvision)
         env[TORCHVISION_ENV] = torchvision

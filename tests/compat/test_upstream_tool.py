@@ -175,6 +175,11 @@ def test_end_to_end_on_a_tiny_checkout(tmp_path):
     (root / "test" / "test_tv.py").write_text(
         "import torchvision\n\n\ndef test_model():\n    assert torchvision.models.tiny()\n"
     )
+    # A test that imports a module of examples/ without adding the folder to its path.
+    (root / "examples" / "shared_model.py").write_text("SIZE = 3\n")
+    (root / "test" / "test_ex.py").write_text(
+        "from shared_model import SIZE\n\n\ndef test_size():\n    assert SIZE == 3\n"
+    )
     tv = _fake_torchvision(tmp_path / "tv")
     out = tmp_path / "doc.md"
     results = tmp_path / "results"
@@ -198,6 +203,7 @@ def test_end_to_end_on_a_tiny_checkout(tmp_path):
     assert "| test/test_tiny.py | ran | 4 | 3 | 1 | 0 | 0 |" in text
     assert "`ValueError: boom N`" in text
     assert "| test/test_tv.py | ran | 1 | 1 | 0 | 0 | 0 |" in text
+    assert "| test/test_ex.py | ran | 1 | 1 | 0 | 0 | 0 |" in text
     assert "torchvision 0.99.0+fake (not a dependency of lazyxla)" in text
 
 
