@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -55,6 +56,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -513,11 +515,22 @@ def check_torchvision(directory: str) -> str | None:
 def _support_dir(results_dir: str) -> str:
     d = os.path.join(results_dir, "site")
     os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "sitecustomize.py"), "w") as f:
-        f.write(_SITECUSTOMIZE)
-    with open(os.path.join(d, "pytest.ini"), "w") as f:
-        f.write("[pytest]\naddopts =\n")
+    _write_atomically(os.path.join(d, "sitecustomize.py"), _SITECUSTOMIZE)
+    _write_atomically(os.path.join(d, "pytest.ini"), "[pytest]\naddopts =\n")
     return d
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write `path` unless it already holds `text`, by a rename: with --jobs > 1 another file's
+    interpreter may be starting and reading it (a half-written sitecustomize starts it without
+    the alias, and the checkout's own torch_xla/ is imported instead)."""
+    with contextlib.suppress(OSError), open(path) as f:
+        if f.read() == text:
+            return
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _key(rel: str) -> str:
