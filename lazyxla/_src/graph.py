@@ -3,17 +3,13 @@ results.
 
 # Note [Graph hashing]
 The cache key of a graph is built at sync time from the post-order of the nodes reachable from the
-roots.
-Each node contributes its descriptor id (op, static arguments, output specs; interned once at record
-time, see ir.py) and the post-order *positions* of its inputs; leaves contribute only their spec
-(and
-sharding). Array data and lifted scalar values are inputs of the jitted function, never part of the
-key,
-so new data or a new learning rate reuses the executable. Numbering inputs by position is what tells
-`(a-b)+(b-a)` from `(a-b)+(a-b)` when `a` and `b` have the same spec: a hash built from specs alone
-would collide. Scalars are packed into one vector per dtype because a jitted call's cost grows with
-its
-argument count.
+roots. Each node contributes its descriptor id (op, static arguments, output specs; interned once at
+record time, see ir.py) and the post-order *positions* of its inputs; leaves contribute only their
+spec (and sharding). Array data and lifted scalar values are inputs of the jitted function, never
+part of the key, so new data or a new learning rate reuses the executable. Numbering inputs by
+position is what tells `(a-b)+(b-a)` from `(a-b)+(a-b)` when `a` and `b` have the same spec: a hash
+built from specs alone would collide. Each lifted scalar is its own argument (Note [Scalars are
+arguments]).
 """
 
 from __future__ import annotations
