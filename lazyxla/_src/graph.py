@@ -15,6 +15,7 @@ arguments]).
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import os
 import time
@@ -491,6 +492,33 @@ def _seq_of(s: LazyState) -> int:
     return s.seq
 
 
+# Note [One SPMD execution at a time on the CPU]
+# XLA:CPU runs the per-device parts of an SPMD program on a shared thread pool, and a collective
+# (one GSPMD inserted or an explicit one) holds each part until every part has arrived. With
+# executions dispatched asynchronously, the parts of the next program that reached its all-reduce
+# can hold the pool's threads while the previous program's remaining parts wait for one: the
+# rendezvous times out and XLA aborts the process (eager mode under SPMD, one small program per op,
+# deadlocked on 4 devices of a 2-core machine: torch_xla's eager SPMD data-parallel example). So
+# on the CPU platform an SPMD execution waits for the one before it; GPU and TPU keep dispatching
+# asynchronously.
+_inflight: list[Any] = []
+
+
+@functools.cache
+def _cpu_platform() -> bool:
+    return jax.devices()[0].platform == "cpu"
+
+
+def _one_at_a_time() -> bool:
+    return spmd() and _cpu_platform()
+
+
+def _await_previous() -> None:
+    while _inflight:
+        outs = _inflight.pop()
+        jax.block_until_ready([o for o in outs if not o.is_deleted()])
+
+
 def _execute(
     pending: list[LazyState], donate: bool, cause: str, wait: bool, full: bool = False
 ) -> None:
@@ -505,10 +533,14 @@ def _execute(
         analysis.execution(cap, cause)
     if cap.donate:
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
+    if _one_at_a_time():  # Note [One SPMD execution at a time on the CPU]
+        _await_previous()
     t0 = time.perf_counter_ns()
     outs = exe(*cap.args())
     if cap.replicas:
         outs = collectives.localize(outs)
+    if _one_at_a_time():
+        _inflight.append(outs)
     if wait:
         jax.block_until_ready(outs)
         metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
