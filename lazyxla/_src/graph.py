@@ -181,8 +181,8 @@ class Capture:
         self.roots = [(pos[id(n)], k) for n, k in root_values]
         # Marked donors count in a full sync, or while torch_xla's buffer donor config is on
         # (Note [Buffer donor config] in dynamo.py); a hash or a partial sync ignores them.
-        marked = (full or _alias_with_buffer_donor()) and any(
-            n.meta == DONATE for n in nodes if n.op == DEVICE_DATA
+        marked = any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA) and (
+            full or _alias_with_buffer_donor()
         )
         self.donate = self._donation(nodes, root_values) if donate or marked else ()
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
