@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean test-ops-full fuzz upstream-deps
+.PHONY: demo test test-avx2 lint format bench clean test-ops-full fuzz upstream-deps
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The suite on a CPU without AVX-512, emulated: eager PyTorch's kernels and XLA's code generation
+# both held to AVX2 (a fresh inductor cache: inductor's cache does not key on ATEN_CPU_CAPABILITY).
+test-avx2: $(STAMP)
+	ATEN_CPU_CAPABILITY=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2 \
+	TORCHINDUCTOR_CACHE_DIR=$$(mktemp -d) $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 format: $(STAMP)
 	$(BIN)/ruff format lazyxla tests bench examples

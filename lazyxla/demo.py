@@ -137,7 +137,7 @@ def summarize(run: dict, steps: int, batch_size: int, console: Console) -> None:
     graph_nodes = int(max(v for _, v in graph.samples)) if graph is not None else 0
     compile_ns, execute_ns = _ns("CompileTime"), _ns("ExecuteTime")
     tracing_ns = _ns("LazyTracing")
-    fallbacks = metrics.executed_fallback_ops()
+    fallbacks = metrics.cpu_fallback_ops()
     warm = sorted(times[len(run["compile_steps"]) + 1 :]) or sorted(times)
     median_ms = warm[len(warm) // 2] * 1e3
     train_compiles = len(run["compile_steps"])

@@ -55,7 +55,7 @@ def _executions() -> int:
 
 
 def _fallback_counts() -> dict[str, int]:
-    return {op: metrics.counter_value(f"aten::{op}") or 0 for op in metrics.executed_fallback_ops()}
+    return {op: metrics.counter_value(f"aten::{op}") or 0 for op in metrics.cpu_fallback_ops()}
 
 
 # --- the models -------------------------------------------------------------------------------

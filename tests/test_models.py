@@ -58,7 +58,7 @@ def _uncached() -> int:
 
 def _fallback_counts() -> dict[str, int]:
     """`{op: count}` of the ops that ran through the CPU fallback so far."""
-    return {op: metrics.counter_value(f"aten::{op}") or 0 for op in metrics.executed_fallback_ops()}
+    return {op: metrics.counter_value(f"aten::{op}") or 0 for op in metrics.cpu_fallback_ops()}
 
 
 def _mlp_case(steps: int) -> tuple[Callable[[], torch.nn.Module], list, Callable]:

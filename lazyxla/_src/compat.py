@@ -288,9 +288,7 @@ def _xla_warm_up_cache(tensors: Sequence[torch.Tensor], devices: Sequence[str] =
 
 
 def _get_executed_fallback_ops() -> list[str]:
-    """torch_xla's list: its fallback counters, `.item()`'s `aten::_local_scalar_dense` included."""
-    reads = [n for n in metrics.READS_NOT_FALLBACKS if metrics.counter_value(n)]
-    return sorted([f"aten::{n}" for n in metrics.executed_fallback_ops()] + reads)
+    return metrics.executed_fallback_ops()
 
 
 def _check_tensor_need_materialization(tensors: Sequence[torch.Tensor]) -> list[bool]:

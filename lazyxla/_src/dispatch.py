@@ -16,6 +16,7 @@ recording.py.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -637,6 +638,25 @@ def _flush_tracing() -> None:
 
 
 metrics.flush_hooks.append(_flush_tracing)
+
+
+def traced(counter: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hand-written kernel counted as `counter` and timed as LazyTracing, as derived ones are
+    (torch_xla times every kernel it runs, transfers included)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            metrics.counter_inc(counter)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _trace(t0)
+
+        return kernel
+
+    return wrap
 
 
 def _op_name(op: OpOverload) -> str:

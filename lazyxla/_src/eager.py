@@ -60,19 +60,32 @@ class _EagerMode(TorchDispatchMode):
         _collect(args, tensors)
         if kwargs:
             _collect(list(kwargs.values()), tensors)
-        if tensors:
-            states, seen = [], set()
-            for t in tensors:
-                s = state(t)
-                for x in (s, s.base):
-                    if x is not None and id(x) not in seen:
-                        seen.add(id(x))
-                        states.append(x)
-            pending = graph.pending_states(states)
-            if pending:
-                with metrics.renamed(_EAGER_NAMES):
-                    graph.sync_states(pending, wait=False, cause=analysis.QUIET)
+        _run_now(tensors)
         return result
+
+
+def _run_now(tensors: list[torch.Tensor]) -> None:
+    """Sync the pending values of `tensors` (and their views' bases) as eager ops."""
+    if not tensors:
+        return
+    states, seen = [], set()
+    for t in tensors:
+        s = state(t)
+        for x in (s, s.base):
+            if x is not None and id(x) not in seen:
+                seen.add(id(x))
+                states.append(x)
+    pending = graph.pending_states(states)
+    if pending:
+        with metrics.renamed(_EAGER_NAMES):
+            graph.sync_states(pending, wait=False, cause=analysis.QUIET)
+
+
+def ran_outside_dispatch(tensors: list[torch.Tensor]) -> None:
+    """For ops recorded without the dispatcher (`xm.optimization_barrier_`): in eager mode they
+    run at once too."""
+    if _mode is not None and not _suspended() and not torch.compiler.is_compiling():
+        _run_now(tensors)
 
 
 _mode: _EagerMode | None = None

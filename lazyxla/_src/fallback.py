@@ -77,12 +77,16 @@ def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
             f"@lowering(aten.{name}.{op._overloadname}) in lazyxla/_src/ops/<family>.py, or set "
             "LAZYXLA_CPU_FALLBACK=1 to run it on the CPU"
         )
-    metrics.counter_inc(f"aten::{name}")
-    if name not in _warned:
-        _warned.add(name)
+    # torch_xla's counter name: the overload is part of it unless it is the default one
+    counted = (
+        f"aten::{name}" if op._overloadname == "default" else f"aten::{name}.{op._overloadname}"
+    )
+    metrics.counter_inc(counted)
+    if counted not in _warned:
+        _warned.add(counted)
         warnings.warn(
-            f"lazyxla: aten::{name} has no lowering and runs on the CPU (inputs are synced and "
-            f"copied); counted as 'aten::{name}' in lazyxla.debug.metrics",
+            f"lazyxla: {counted} has no lowering and runs on the CPU (inputs are synced and "
+            f"copied); counted as '{counted}' in lazyxla.debug.metrics",
             stacklevel=2,
         )
     if "device" in kwargs:

@@ -531,7 +531,7 @@ def _execute(
     last_executable = exe
     if cause is not analysis.QUIET and analysis.level() >= 2:
         analysis.execution(cap, cause)
-    if cap.donate:
+    if full or cap.donate:  # as torch_xla: a sample per step barrier, 0 when nothing is donated
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
     if _one_at_a_time():  # Note [One SPMD execution at a time on the CPU]
         _await_previous()

@@ -381,9 +381,13 @@ READS_NOT_FALLBACKS = frozenset({"aten::_local_scalar_dense"})
 
 
 def executed_fallback_ops() -> list[str]:
-    """Names of the ops that ran through the CPU fallback since the last clear."""
-    return sorted(
-        n[len("aten::") :]
-        for n, v in _counters.items()
-        if v and n.startswith("aten::") and n not in READS_NOT_FALLBACKS
-    )
+    """torch_xla's list of the ops that went through its CPU fallback since the last clear: the
+    counter names (`aten::nonzero`, `aten::repeat_interleave.Tensor`), `.item()`'s
+    `aten::_local_scalar_dense` included, as torch_xla counts it."""
+    return sorted(n for n, v in _counters.items() if v and n.startswith("aten::"))
+
+
+def cpu_fallback_ops() -> list[str]:
+    """The ops that ran on the CPU since the last clear (`nonzero`, `repeat_interleave.Tensor`):
+    `executed_fallback_ops()` without its prefix and without value reads, which run no op."""
+    return [n[len("aten::") :] for n in executed_fallback_ops() if n not in READS_NOT_FALLBACKS]

@@ -26,6 +26,7 @@ from . import (
     api,
     collectives,
     distributed,
+    eager,
     graph,
     manual,
     metrics,
@@ -515,6 +516,7 @@ def optimization_barrier_(tensors: Sequence[torch.Tensor]) -> None:
     )
     for i, s in enumerate(states):
         write(s, (node, i))
+    eager.ran_outside_dispatch(tensors)
 
 
 def unlazy(tensors: Sequence[torch.Tensor]) -> None:

@@ -196,3 +196,18 @@ def test_fetch_gradients_returns_each_grad_data_in_group_order():
         assert not g.requires_grad and g.untyped_storage()._lx is p.grad.untyped_storage()._lx
     grads[0].mul_(torch.nan)
     assert torch.isnan(a.weight.grad.cpu()).all()
+
+
+def test_optimization_barrier_runs_at_once_in_eager_mode():
+    # recorded without the dispatcher, it still executes as its own eager op (torch_xla's test)
+    import lazyxla.core.xla_model as xm
+
+    x = torch.randn(5, 5)
+    with eager_mode_context(True):
+        t = x.to(dev)
+        xm.wait_device_ops()
+        met.clear_all()
+        xm.optimization_barrier_([t])
+        assert not state(t).is_pending
+        assert met.metric_data("EagerOpExecuteTime").total_samples == 1
+    torch.testing.assert_close(t.cpu(), x)

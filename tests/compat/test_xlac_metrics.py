@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import pytest
 import torch
@@ -197,3 +198,33 @@ def test_debug_file_and_lazy_device_env(tmp_path):
     assert proc.stdout.strip() == "4"
     assert "Compilation Analysis" in log.read_text()
     assert "Compilation Analysis" not in proc.stderr
+
+
+def test_fallback_ops_and_transfer_kernels_are_named_as_torch_xla_names_them():
+    from lazyxla._src import metrics
+
+    met.clear_all()
+    x = torch.tensor([0.0, 1.5, 0.0, 2.0])
+    t = x.to(dev)  # an upload is a traced kernel, as every torch_xla kernel is
+    assert met.counter_value("xla::_to_copy") == 1
+    assert met.metric_data("LazyTracing").total_samples == 1
+    with warnings.catch_warnings():  # warned once per process, maybe by another test already
+        warnings.simplefilter("ignore")
+        r = torch.repeat_interleave(t.long(), t.long(), output_size=3)
+    assert r.cpu().tolist() == torch.repeat_interleave(x.long(), x.long()).tolist()
+    t.sum().item()
+    # torch_xla's list: the counter names, overload and `.item()`'s read included
+    assert met.executed_fallback_ops() == [
+        "aten::_local_scalar_dense",
+        "aten::repeat_interleave.Tensor",
+    ]
+    assert metrics.cpu_fallback_ops() == ["repeat_interleave.Tensor"]  # the ops that ran on the CPU
+
+
+def test_input_output_alias_count_is_sampled_at_every_step_barrier():
+    met.clear_all()
+    a = torch.ones(3, device=dev) * 2
+    lazyxla.sync()  # nothing donated (donation is off): a sample of 0, as torch_xla records it
+    assert met.metric_data("InputOutputAliasCount")[:2] == (1, 0)
+    (a + 1).cpu()  # a value read is not a step barrier
+    assert met.metric_data("InputOutputAliasCount")[:2] == (1, 0)

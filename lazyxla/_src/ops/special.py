@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .. import error_messages, fallback, metrics, runtime
-from ..dispatch import cast_value, check_write_overlap, register_kernel
+from ..dispatch import cast_value, check_write_overlap, register_kernel, traced
 from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 from ..transfer import download, upload
@@ -47,6 +47,7 @@ def _noncontiguous(t: torch.Tensor) -> tuple[int, ...] | None:
     return None if stride == contiguous_strides(tuple(t.shape)) else stride
 
 
+@traced("xla::_to_copy")
 def _to_copy(
     x: torch.Tensor,
     dtype: torch.dtype | None = None,
@@ -67,14 +68,13 @@ def _to_copy(
         if stride is not None:
             out = torch.empty_strided(out.shape, stride, dtype=out.dtype).copy_(out)
         return out
-    metrics.counter_inc("xla::_to_copy")
     runtime.check_dtype(dtype or x.dtype, "aten::_to_copy")
     spec = _spec(x, dtype)
     return new_tensor(cast_value(read(state(x)), spec), spec, stride)
 
 
+@traced("xla::copy_")
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    metrics.counter_inc("xla::copy_")
     if dst.device.type != DEVICE_TYPE:  # device → host copy into an existing CPU tensor
         dst.copy_(download(src))
         return dst
@@ -137,8 +137,8 @@ def resize_(x: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tens
 
 def _local_scalar_dense(x: torch.Tensor) -> Any:
     # torch_xla runs `.item()` through its CPU fallback and counts it as one; here it is a value
-    # read (no op runs on the CPU), so it is counted under torch_xla's name but is not listed by
-    # `executed_fallback_ops()` (metrics.READS_NOT_FALLBACKS).
+    # read (no op runs on the CPU), counted under torch_xla's name and listed as torch_xla lists it
+    # (`metrics.cpu_fallback_ops()` leaves it out: metrics.READS_NOT_FALLBACKS).
     metrics.counter_inc("aten::_local_scalar_dense")
     return download(x).item()
 
