@@ -55,7 +55,7 @@ def active() -> bool:
         return False
     from . import runtime_api
 
-    return not runtime_api.is_spmd()
+    return not runtime_api.spmd_mode()
 
 
 @functools.cache

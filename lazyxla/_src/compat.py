@@ -126,42 +126,54 @@ def _is_spmd() -> bool:
 
 
 def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
-    """torch_xla's debug description of one tensor: id, device, shape, pending IR or data."""
+    """torch_xla's debug description of one tensor: id, device, shape, pending IR or data, and
+    whether its data is still on the host (Note [SPMD virtual device])."""
     from . import ir
-    from .tensor import is_lazy, read, state
+    from .tensor import HostState, is_lazy, read, state
 
     if not is_lazy(tensor):
         return "Not a XLATensor\n"
     s = state(tensor)
-    node, k = read(s)
-    spec = node.specs[k]
+    spmd = _is_spmd()
+    device = "SPMD:0" if spmd else _xla_device_str()  # torch_xla's virtual device in SPMD mode
     lines = [
         "XLATensor {",
         f"TensorID: {s.seq + 1}",
         f"AliasID: {(s.base or s).seq + 1}",
-        f"Device: {_xla_device_str()}",
-        f"XLA Shape: {ir.shape_str(spec)}",
+        f"Device: {device}",
+        f"XLA Shape: {ir.shape_str(s.spec)}",
         f"ShardingSpec: {_get_xla_sharding_spec(tensor) or 'None'}",
     ]
-    if node.op == ir.DEVICE_DATA and _is_spmd():
+    if type(s) is HostState:  # not uploaded yet: no IR, no device data
+        size = ", ".join(map(str, s.spec.shape))
+        lines += ["IR: None", "XLAData: None", f"Tensor on host: with size [{size}]", "}"]
+        return "\n".join(lines) + "\n"
+    node, k = read(s)
+    spec = node.specs[k]
+    # torch_xla's data shapes print without their layout.
+    data_shape = ir.shape_str(spec).split("{")[0]
+    if node.op == ir.DEVICE_DATA:
+        # A tensor has the data leaf as its IR value once it was used or sharded (`ir_data`); an
+        # execution's result holds data only.
+        traced = getattr(s, "ir_data", None) is node
+        lines.append(f"IR: {ir.node_shape_str(node)} {ir.DEVICE_DATA}" if traced else "IR: None")
+    if node.op == ir.DEVICE_DATA and spmd:
         # torch_xla's sharded data: one virtual device, the OpSharding and shard count.
         arr = node.data
         shards = len(arr.sharding.device_set) if arr is not None else 0
         lines += [
-            "IR: None",
             "XLAShardedData: ",
             "  Data Device: SPMD:0",
-            f"  Data Shape: {ir.shape_str(spec)}",
+            f"  Data Shape: {data_shape}",
             f"  OpSharding: {_get_xla_sharding_spec(tensor) or '{replicated}'}",
             f"  NumShards: {shards}",
         ]
     elif node.op == ir.DEVICE_DATA:
         arr = node.data
         lines += [
-            "IR: None",
             "XLAData: ",
             f"  Data Device: {_xla_device_str()}",
-            f"  Data Shape: {ir.shape_str(spec)}",
+            f"  Data Shape: {data_shape}",
             "  Data Handle: None"
             if arr is None
             else "  Data Handle: Deleted"
@@ -182,10 +194,14 @@ def _get_tensors_xla_device_data_node(
     An input that a live tensor holds is returned with that tensor's id; the tensors returned are
     new ones over the same device data."""
     from . import ir
-    from .tensor import live_states, new_tensor, read, state
+    from .tensor import HostState, live_states, new_tensor, read, state
 
     roots = [read(state(t))[0] for t in tensors]
-    owners = {id(s.value[0]): s for s in live_states() if s.value[0].op == ir.DEVICE_DATA}
+    owners = {
+        id(s.value[0]): s
+        for s in live_states()
+        if type(s) is not HostState and s.value[0].op == ir.DEVICE_DATA  # (not on the host)
+    }
     ids, out = [], []
     for n in ir.post_order(roots):
         if n.op != ir.DEVICE_DATA:

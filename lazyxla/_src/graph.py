@@ -33,7 +33,7 @@ from .lower import Program
 from .runtime import jnp_dtype
 from .sharding import is_spmd as spmd
 from .sharding import output_sharding
-from .tensor import LazyState, bind_data, live_states, read
+from .tensor import HostState, LazyState, bind_data, live_states, read
 
 
 class GraphCache:
@@ -103,6 +103,8 @@ def _held_data() -> set[int] | None:
     """Ids of the device-data nodes some live tensor holds (None: donate nothing this sync)."""
     held: set[int] = set()
     for s in live_states():
+        if type(s) is HostState:  # no device data yet (Note [SPMD virtual device])
+            continue
         node = s.value[0]
         if s.base is not None and s.seen != s.base.version:
             return None
@@ -246,6 +248,7 @@ def pending_states(tensors_states: Iterable[LazyState] | None) -> list[LazyState
             s
             for s in live_states()
             if (s.base is None or s.seen == s.base.version)
+            and type(s) is not HostState  # (Note [SPMD virtual device])
             and s.value[0].op != DEVICE_DATA
             and s.failed is None
         ]
@@ -546,7 +549,8 @@ def _execute(
         metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
     else:  # timed until the outputs are ready, off this thread (Note [ExecuteTime])
         metrics.time_when_ready("ExecuteTime", t0, outs)
-    metrics.counter_inc("ExecuteComputation")
+    # torch_xla counts an SPMD program's execution as ExecuteReplicated (over every device).
+    metrics.counter_inc("ExecuteReplicated" if sharding.is_spmd() else "ExecuteComputation")
     data_nodes = [
         device_data(arr, n.specs[k], sharding=output_sharding(arr))
         for arr, (n, k) in zip(outs, cap.root_values, strict=True)
@@ -606,6 +610,10 @@ def sync(wait: bool = False, cause: str | None = None) -> None:
     """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`).
     `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user's sync)."""
     metrics.counter_inc("MarkStep")
+    if sharding.is_spmd():
+        from .transfer import sync_host_data
+
+        sync_host_data()  # Note [SPMD virtual device]
     compiles = metrics.counter_value("UncachedCompile")
     sync_states(None, wait=wait, cause=cause)
     if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:

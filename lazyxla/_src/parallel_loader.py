@@ -177,7 +177,7 @@ class PerDeviceLoader:
             graph.sync(cause=analysis.PARALLEL_LOADER)
             raise StopIteration
         sharding = self._loader._input_sharding
-        if sharding is None and not runtime_api.is_spmd():
+        if sharding is None and not runtime_api.spmd_mode():
             return item
         return _shard_batch(item, sharding, self._device)
 
@@ -235,7 +235,7 @@ class ParallelLoader:
         self.batches_per_execution = batches_per_execution
         self._input_sharding = input_sharding
         # SPMD placement happens on the consuming thread, through the ordinary `.to(device)`.
-        on_thread = input_sharding is None and not runtime_api.is_spmd()
+        on_thread = input_sharding is None and not runtime_api.spmd_mode()
         self._pipeline = _Pipeline(
             cpu_loader,
             self._devices,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import os
 from typing import Any
 
@@ -156,8 +157,11 @@ _DATA_CACHE: collections.OrderedDict[tuple, jax.Array] = collections.OrderedDict
 _DATA_CACHE_SIZE = 128
 
 
-def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
-    """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData)."""
+def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> jax.Array:
+    """Copy a CPU tensor to the device (counted as TransferToDeviceTime / OutboundData).
+
+    `device`: a jax device or sharding (default: the default device); `copy=False` when `t` is
+    private to the caller and never written again (jax may then keep its memory)."""
     if t.numel() == 1 and not t.is_complex():
         key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)  # bits: -0.0, NaNs
         arr = _DATA_CACHE.get(key)
@@ -165,12 +169,12 @@ def host_to_device(t: torch.Tensor, device: Any = None) -> jax.Array:
             _DATA_CACHE.move_to_end(key)
             return arr
         metrics.counter_inc("DeviceDataCacheMiss")
-        arr = _upload(t, device)
+        arr = _upload(t, device, copy)
         _DATA_CACHE[key] = arr
         if len(_DATA_CACHE) > _DATA_CACHE_SIZE:
             _DATA_CACHE.popitem(last=False)
         return arr
-    return _upload(t, device)
+    return _upload(t, device, copy)
 
 
 def is_shared_upload(arr: Any) -> bool:
@@ -178,14 +182,26 @@ def is_shared_upload(arr: Any) -> bool:
     return any(a is arr for a in _DATA_CACHE.values())
 
 
-def _upload(t: torch.Tensor, device: Any) -> jax.Array:
+def _upload(t: torch.Tensor, device: Any, copy: bool = True) -> jax.Array:
     with metrics.timed("TensorToData"), metrics.timed("TransferToDeviceTime"):
         # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
         # tensor stays writable by the user while jax buffers must never change.
-        arr = jax.device_put(np.array(to_numpy(t), copy=True), device or default_device())
-    metrics.metric_add("OutboundData", t.numel() * t.element_size())
+        host = np.array(to_numpy(t), copy=True) if copy else to_numpy(t)
+        arr = jax.device_put(host, device or default_device())
+    metrics.metric_add("OutboundData", _bytes_placed(t, device))
     metrics.counter_inc("CreateDataHandles")
     return arr
+
+
+def _bytes_placed(t: torch.Tensor, device: Any) -> int:
+    """The bytes an upload of `t` to `device` writes: one copy on one device; over a sharding,
+    each device's shard (a replicated upload to 8 devices writes 8 copies), as torch_xla counts
+    its OutboundData."""
+    nbytes = t.numel() * t.element_size()
+    if device is None or isinstance(device, jax.Device):
+        return nbytes
+    shard = math.prod(device.shard_shape(tuple(t.shape))) * t.element_size()
+    return shard * len(device.addressable_devices)
 
 
 def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:

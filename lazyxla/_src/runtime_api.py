@@ -65,10 +65,21 @@ def use_spmd(auto: bool = False) -> None:
     os.environ["XLA_USE_SPMD"] = "1"
 
 
-def is_spmd() -> bool:
-    """True in SPMD mode (`use_spmd()` or `XLA_USE_SPMD=1`)."""
+def spmd_mode() -> bool:
+    """Whether lazyxla places data in SPMD mode (entered once; data stays where it was put)."""
     sh = _sharding()
     return sh.is_spmd() if sh is not None else _spmd_recorded
+
+
+def is_spmd() -> bool:
+    """True in SPMD mode (`use_spmd()` or `XLA_USE_SPMD=1`).
+
+    As torch_xla's, it reads the environment variable `use_spmd()` sets: deleting
+    `XLA_USE_SPMD` (torch_xla's own test classes do, between classes) reports False until the
+    next `use_spmd()`. Tensors already placed stay where they are (lazyxla never moves data out
+    of SPMD mode), so lazyxla's own placement follows `spmd_mode()`."""
+    flag = os.environ.get("XLA_USE_SPMD", "")
+    return spmd_mode() and (flag == "true" or (flag.isdigit() and int(flag) > 0))
 
 
 def world_size() -> int:

@@ -6,7 +6,9 @@ the same order; a partition spec (ints, axis names, tuples of them, None) become
 of axis names, hence a `NamedSharding`. `mark_sharding` records the annotation on the tensor's
 storage state and
 - for device data, reshards the array now (`jax.device_put`), so the sharding is part of the data
-  leaf's descriptor and therefore of the graph key (see Note [Graph hashing]);
+  leaf's descriptor and therefore of the graph key (see Note [Graph hashing]); data still on the
+  host (SPMD's virtual device, Note [SPMD virtual device] in tensor.py) is uploaded straight into
+  its shards;
 - for a pending value, records an `xla::mark_sharding` node lowered to `with_sharding_constraint`.
 A sync constrains every annotated root to its sharding, so parameters keep their sharding step after
 step; XLA's partitioner (Shardy/GSPMD) propagates everything else. torch_xla's V1 sharding strings
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -32,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import metrics, runtime
 from .ir import Ref, TensorSpec, device_data
-from .tensor import DEVICE_TYPE, new_tensor, read, state, write
+from .tensor import DEVICE_TYPE, HostState, new_tensor, read, state, write
 
 
 class ShardingType(enum.IntEnum):
@@ -51,11 +54,14 @@ _spmd = False
 
 
 def use_spmd(auto: bool = False) -> None:
-    """Enter SPMD mode: device data is replicated over all devices (torch_xla's virtual device).
+    """Enter SPMD mode: device data is replicated over all devices (torch_xla's virtual device;
+    a CPU tensor moved to the device from then on waits on the host until it is sharded or used,
+    Note [SPMD virtual device]).
 
     Data already on the device moves now, once, so one graph never mixes device sets.
     """
     global _spmd
+    os.environ["XLA_USE_SPMD"] = "1"  # what torch_xla's `is_spmd()` reads (runtime_api)
     if _spmd:
         return
     _spmd = True
@@ -85,6 +91,7 @@ def _leave_spmd_for_tests() -> None:
     """Tests only: leave SPMD mode so later tests in the process run single-device."""
     global _spmd
     _spmd = False
+    os.environ.pop("XLA_USE_SPMD", None)
     metrics.mode_renames.pop("ExecuteTime", None)
 
 
@@ -354,6 +361,8 @@ def _sharding_of(t: torch.Tensor) -> Any:
         return None
     if s.sharding is not None:
         return s.sharding.named
+    if type(s) is HostState:  # on the host: no sharding yet (Note [SPMD virtual device])
+        return None
     node = read(s)[0]
     data = node.data if node.op == "xla::device_data" else None
     return getattr(data, "sharding", None)
@@ -430,8 +439,16 @@ def _divides(named: NamedSharding, shape: tuple[int, ...]) -> bool:
 def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedSharding) -> None:
     """Give `t` the sharding `named` (data is resharded now, pending values get a constraint)."""
     s = state(t)
-    node, k = read(s)
     spec = s.spec
+    if type(s) is HostState and _divides(named, spec.shape):
+        # Still on the host: uploaded straight into its shards (Note [SPMD virtual device]).
+        metrics.counter_inc("VirtualDeviceUsage")
+        from .transfer import resolve_host
+
+        resolve_host(s, named)
+        s.sharding = ann
+        return
+    node, k = read(s)
     if node.op == "xla::device_data" and s.base is None and _divides(named, spec.shape):
         from .op_builder import made_as_placeholder, placeholder_array
 
@@ -440,7 +457,8 @@ def annotate(t: torch.Tensor, ann: ShardingAnnotation | None, named: NamedShardi
         else:
             with metrics.timed("TransferToDeviceTime"):
                 arr = jax.device_put(_named(node.data), named)
-        s.value = (device_data(arr, spec, sharding=sharding_key(named, arr.ndim)), 0)
+        s.ir_data = device_data(arr, spec, sharding=sharding_key(named, arr.ndim))
+        s.value = (s.ir_data, 0)
     else:
         # A pending value, or an uneven split (jax arrays hold only even shardings; XLA pads
         # inside the graph): the annotation becomes a sharding constraint in the graph.

@@ -95,6 +95,7 @@ class LazyState:
         "seen",
         "seq",
         "sharding",
+        "ir_data",
         "__weakref__",
     )
 
@@ -117,6 +118,62 @@ class LazyState:
     @property
     def is_pending(self) -> bool:
         return self.value[0].op != DEVICE_DATA
+
+
+# Note [SPMD virtual device]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In SPMD mode torch_xla keeps a CPU tensor moved to the device (`t.to(device)`, `model.to(device)`,
+# a CPU fallback's result) on the host, on its virtual device `SPMD:0`, and uploads it only when
+# it is needed: `mark_sharding` uploads it straight into its shards (no replicated copy on every
+# device first: a large model's weights never exist once per device when they are sharded right
+# after `.to()`), and a first use as an op's input, a read or a sync uploads it replicated.
+# lazyxla does the same with a `HostState`: the storage state of such a tensor, whose value slot
+# holds a private copy of the host data instead of an IR value. Reading its `value` (which every
+# path does that records an op on it, reads it, views it, writes it in place, hands it to a
+# compiled graph or checkpoint: `read`, `write`, the copy kernels, dynamo's replay) uploads the
+# data replicated, binds a device-data leaf and turns the state back into a plain `LazyState`
+# (`transfer.resolve_host`): the upload happens in one place, once, and nothing downstream ever
+# sees anything but device data. Assigning its `value` (a whole-tensor write) drops the host copy.
+# Only code that must not upload looks at a `HostState` as such: `mark_sharding` (the sharded
+# upload, counted as torch_xla's `VirtualDeviceUsage`), the scans over live tensors that a sync or
+# a donation check runs (a `HostState` is neither pending nor device data), the sharding spec and
+# `_get_xla_tensor_debug_info` ("Tensor on host: with size [5, 5]"). A user sync uploads every
+# deferred tensor, as torch_xla's sync does (`SyncTensorsToData`). Outside SPMD mode no tensor is
+# deferred and nothing here runs: `HostState` exists only as a class nobody instantiates.
+# `ir_data` (every state's, for the debug text only) is the device-data leaf that a tensor has as
+# its IR value in torch_xla's sense: one uploaded on use or by `mark_sharding`, as opposed to an
+# execution's result.
+_VALUE = LazyState.value  # the slot itself (a HostState's `value` is a property over it)
+
+
+class HostState(LazyState):
+    """A lazy storage whose data is still on the host (Note [SPMD virtual device])."""
+
+    __slots__ = ()
+
+    is_pending = False
+
+    @property
+    def value(self) -> Value:  # type: ignore[override]
+        from .transfer import resolve_host
+
+        return resolve_host(self, None)
+
+    @value.setter
+    def value(self, v: Value) -> None:
+        self.__class__ = LazyState
+        _VALUE.__set__(self, v)
+
+    @property
+    def host(self) -> torch.Tensor:
+        """The private host copy of the data."""
+        return _VALUE.__get__(self)
+
+
+def defer_upload(s: LazyState, host: torch.Tensor) -> None:
+    """Make `s` (a fresh base) hold `host`, a private CPU copy, until it is needed."""
+    s.__class__ = HostState
+    _VALUE.__set__(s, host)
 
 
 # The live registry: creation number -> weak reference, in creation order (a dict keeps its

@@ -5,9 +5,11 @@ Data crosses between the host and the device in two places: `upload` (a CPU tens
 lazy tensor holding a device-data leaf; `upload_node` is the leaf alone, for graph inputs the
 recorder creates) and `download` (a lazy tensor's value, computed first if pending, as a CPU
 tensor). Where an upload is placed is sharding's business: one device, or in SPMD mode replicated
-over all devices (`sharding.upload_placement`). `runtime.host_to_device` / `device_to_host` count
-both directions in the transfer metrics. The copy kernels (`ops/special.py`) and the CPU fallback
-(`fallback.py`) use this module; neither depends on the other.
+over all devices (`sharding.upload_placement`); in SPMD mode `upload` defers the copy until the
+tensor is needed (Note [SPMD virtual device] in tensor.py, `resolve_host`).
+`runtime.host_to_device` / `device_to_host` count both directions in the transfer metrics. The
+copy kernels (`ops/special.py`) and the CPU fallback (`fallback.py`) use this module; neither
+depends on the other.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 
 import torch
 
-from . import graph, runtime
+from . import graph, metrics, runtime, sharding
 from .ir import TensorSpec, device_data
 from .sharding import sharding_key, upload_placement
-from .tensor import new_tensor, read, state
+from .tensor import HostState, LazyState, Value, defer_upload, live_states, new_tensor, read, state
 
 
 def upload_node(t: torch.Tensor) -> Any:
@@ -34,11 +36,51 @@ def upload_node(t: torch.Tensor) -> Any:
 def upload(
     t: torch.Tensor, dtype: torch.dtype | None = None, stride: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """A CPU tensor -> a new lazy tensor holding a device copy (`stride`: its layout)."""
+    """A CPU tensor -> a new lazy tensor holding a device copy (`stride`: its layout). In SPMD
+    mode the copy stays on the host until the tensor is needed (Note [SPMD virtual device])."""
     runtime.check_dtype(dtype or t.dtype, "a copy to the lazyxla device")
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
-    return new_tensor((upload_node(t), 0), TensorSpec(tuple(t.shape), t.dtype), stride)
+    spec = TensorSpec(tuple(t.shape), t.dtype)
+    if sharding.is_spmd():
+        out = new_tensor(_NO_VALUE, spec, stride)
+        # A private copy: the caller's tensor stays writable; ours is read once, at the upload.
+        host = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        defer_upload(state(out), host)
+        return out
+    return new_tensor((upload_node(t), 0), spec, stride)
+
+
+_NO_VALUE: Value = (device_data(None, TensorSpec((), torch.float32)), 0)  # replaced at once
+
+
+def resolve_host(s: HostState, placement: Any) -> Value:
+    """Upload a deferred tensor's host data (Note [SPMD virtual device]): into `placement` (a
+    sharding), or when None where any upload goes (replicated over every device). `s` becomes
+    a plain state holding the device-data leaf; returns its value."""
+    host = s.host
+    if placement is None:
+        placement = upload_placement()
+    arr = runtime.host_to_device(host, placement, copy=False)
+    node = device_data(arr, s.spec, sharding=sharding_key(placement, arr.ndim))
+    s.value = (node, 0)  # (a HostState's setter: it becomes a LazyState)
+    s.ir_data = node
+    return s.value
+
+
+def sync_host_data() -> None:
+    """A sync's upload of every deferred live tensor, replicated (torch_xla's
+    `SyncTensorsToData`; Note [SPMD virtual device])."""
+    hosts = [s for s in live_states() if type(s) is HostState]
+    if hosts:
+        metrics.counter_inc("SyncTensorsToData", len(hosts))
+        for s in hosts:
+            resolve_host(s, None)
+
+
+def is_host(s: LazyState) -> bool:
+    """Whether `s` still holds its data on the host (Note [SPMD virtual device])."""
+    return type(s) is HostState
 
 
 def materialize(t: torch.Tensor) -> Any:

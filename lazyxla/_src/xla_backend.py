@@ -271,7 +271,7 @@ def _create(prefix_store: Any, rank: int, size: int, timeout: Any) -> ProcessGro
     """The backend's creator (torch_xla's `_create_xla_process_group`, same parameter names)."""
     from . import runtime_api
 
-    if runtime_api.is_spmd():
+    if runtime_api.spmd_mode():
         raise SpmdProcessGroupError(
             "the xla process group is for one process per device; in SPMD mode use a gloo "
             "process group for host-side coordination"

@@ -37,7 +37,7 @@ from . import (
 )
 from .ir import DEVICE_DATA, Node, Ref, device_data
 from .py_utils import DataWrapper
-from .tensor import DEVICE_TYPE, is_lazy, live_states, new_tensor, read, state, write
+from .tensor import DEVICE_TYPE, HostState, is_lazy, live_states, new_tensor, read, state, write
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -94,7 +94,7 @@ def xla_replication_devices(local_devices: Sequence[torch.device | str] | None =
         )
     kind = kinds.pop()
     of_kind = [d for d in api.real_devices() if d.split(":")[0] == kind]
-    if len(of_kind) != len(local) and not runtime_api.is_spmd():
+    if len(of_kind) != len(local) and not runtime_api.spmd_mode():
         raise RuntimeError(
             f"Cannot replicate if number of devices ({len(local)}) is different from {len(of_kind)}"
         )
@@ -171,7 +171,9 @@ def wait_device_ops(devices: Sequence[Any] = ()) -> None:
     arrays = [  # (not a donated buffer, nor a placeholder: they have no buffer to wait for)
         s.value[0].data
         for s in live_states()
-        if s.value[0].op == DEVICE_DATA and not s.value[0].data.is_deleted()
+        if type(s) is not HostState  # (Note [SPMD virtual device])
+        and s.value[0].op == DEVICE_DATA
+        and not s.value[0].data.is_deleted()
     ]
     jax.block_until_ready(arrays)
     metrics.wait_for_samples()  # ExecuteTime samples still being timed (Note [ExecuteTime])

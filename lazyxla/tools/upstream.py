@@ -23,8 +23,9 @@ exception's first line, normalised), the torch_xla modules that stop files at im
 separately, the failures that happen only because lazyxla's device type is `jax`, not `xla`.
 
 Test files that are training programs rather than test cases (`TEST_PROGRAMS`: the
-`test_train_mp_*` ones) run like examples, with their own flags set small (`--fake_data`, a batch
-size, `--num_steps`). Files that need a TPU, GPU or Neuron device (`EXCLUDED`) are listed, not run.
+`test_train_mp_*` ones, and `test/spmd/test_sharding_strategies.py`, a benchmark that parses its
+flags at import) run like examples, with their own flags set small (`--fake_data`, a batch size,
+`--num_steps`). Files that need a TPU, GPU or Neuron device (`EXCLUDED`) are listed, not run.
 None of pytorch/xla's files are copied into this repository.
 
 torchvision (the ResNet and MNIST programs and a few test files import it) is not a dependency of
@@ -130,6 +131,14 @@ TEST_PROGRAMS = {
     # sample): it runs until the timeout, its loss printed every 5 steps.
     "test/test_train_mp_imagenet_fsdp.py": [*_IMAGENET, "--use_small_fake_sample"],
     "test/spmd/test_train_spmd_imagenet.py": [*_IMAGENET[:3], "--batch_size=8", *_IMAGENET[4:]],
+    # A benchmark script (argparse at import): an FSDP-sharded MLP over a 4-device hybrid mesh
+    # (its default `--ici_fsdp_parallelism=4`), timed for 5 steps; it prints no loss. Its defaults
+    # (131072 rows per device, width 2048) need tens of GB.
+    "test/spmd/test_sharding_strategies.py": [
+        "--batch_size=16",
+        "--embedding_dimension=64",
+        "--num_layers=2",
+    ],
 }
 # Examples that start one process per device, each holding a ResNet-50 and its compiled step
 # (~1.5 GB): with 4 devices they pass the memory limit, so they run with 2.

@@ -49,6 +49,7 @@ def test_xla_sharding_module_has_torch_xla_names():
 def test_annotate_custom_sharding_constrains_without_moving_data(mesh):
     x = torch.randn(8, 8)
     t = x.to(dev)
+    lazyxla.sync()  # uploads it (Note [SPMD virtual device]): device data from here on
     met.clear_all()
     st = xs.annotate_custom_sharding(t, mesh, ("x", "y"))
     assert met.metric_data("TransferToDeviceTime") is None  # no reshard of the device data

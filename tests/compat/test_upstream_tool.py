@@ -354,6 +354,16 @@ def test_test_files_that_are_programs_run_as_examples_with_their_flags(tmp_path)
     assert out["losses"] == [2.3, 0.5]
 
 
+def test_the_sharding_strategies_script_runs_as_a_small_spmd_program(tmp_path):
+    # It parses its flags at import (pytest's own flags made it exit with rc 3): a program, run on
+    # the 4 devices its default `--ici_fsdp_parallelism=4` mesh needs, at a CPU-sized batch.
+    root = _checkout(tmp_path)
+    (root / "test" / "spmd" / "test_sharding_strategies.py").write_text("")
+    [item] = upstream.discover(str(root))[0]
+    assert (item.kind, item.env["CPU_NUM_DEVICES"]) == ("example", "4")
+    assert "--batch_size=16" in item.args and "--num_layers=2" in item.args
+
+
 def test_torchvision_dir_must_hold_torchvision(tmp_path):
     root = _checkout(tmp_path)
     proc = subprocess.run(
