@@ -37,6 +37,9 @@ from .tensor import new_tensor, read, state
 
 FULL_TO_SHARD = "xla::full_to_shard"
 _regions_opened = 0  # collectives look for a region only once one was ever opened
+# Regions opened since a full sync last found none left open: a full sync walks the pending graph
+# for open regions only while this is nonzero (`without_open_regions`).
+_regions_unsynced = 0
 
 
 class ManualRegionError(RuntimeError):
@@ -85,8 +88,9 @@ def _open(t: torch.Tensor, mesh: xs.Mesh, spec: tuple) -> torch.Tensor:
     value = emit(FULL_TO_SHARD, _open_region_rule, (read(state(t)),), (Ref(0), mesh, spec), local)
     out = new_tensor(value, local)
     state(out).sharding = xs.MANUAL
-    global _regions_opened
+    global _regions_opened, _regions_unsynced
     _regions_opened += 1
+    _regions_unsynced += 1
     return out
 
 
@@ -98,7 +102,8 @@ def without_open_regions(states: list[Any]) -> list[Any]:
     a local shard has no global value until `disable_manual_sharding` (or
     `_spmd_shard_to_full_shape`) closes its region, so the sync leaves it pending (a read of it
     raises, naming the missing step) and runs the rest."""
-    if not _regions_opened:
+    global _regions_unsynced
+    if not _regions_unsynced:
         return states
     memo: dict[int, bool] = {}
 
@@ -110,7 +115,11 @@ def without_open_regions(states: list[Any]) -> list[Any]:
         return memo[id(root)]
 
     kept = [s for s in states if not inside(s.value[0])]
-    if len(kept) != len(states):
+    if len(kept) == len(states):
+        # This sync runs every pending region (a failed or stale state is not pending): none is
+        # left open, so later syncs skip the walk until a region opens again.
+        _regions_unsynced = 0
+    else:
         warnings.warn(
             f"sync: {len(states) - len(kept)} tensor(s) inside a manual sharding region that was "
             "never closed stay pending; close it with xs.disable_manual_sharding (or "

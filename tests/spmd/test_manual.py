@@ -8,6 +8,7 @@ import lazyxla
 import lazyxla.debug.metrics as met
 import lazyxla.distributed.spmd as xs
 from lazyxla._src import manual
+from lazyxla._src.tensor import state
 
 dev = lazyxla.device()
 
@@ -81,3 +82,23 @@ def test_xm_all_reduce_inside_region(mesh):
     rolled = xm.collective_permute(local, [[i, (i + 1) % 8] for i in range(8)])
     back = xs.disable_manual_sharding(rolled, (("x", "y"), None), (8, 4), mesh=mesh)
     torch.testing.assert_close(back.cpu(), torch.roll(x, 1, 0))
+
+
+def test_a_full_sync_leaves_an_open_region_pending_and_walks_only_while_one_is_open(mesh):
+    x = torch.randn(8, 8)
+    lazyxla.sync()
+    local = xs.enable_manual_sharding(x.to(dev), ("x", "y"), mesh=mesh)
+    other = torch.ones(3, device=dev) * 2
+    with pytest.warns(UserWarning, match="inside a manual sharding region that was never closed"):
+        lazyxla.sync()
+    assert not state(other).is_pending and state(local).is_pending  # the rest ran
+    full = xs.disable_manual_sharding(local * 3, ("x", "y"), (8, 8), mesh=mesh)
+    del local
+    lazyxla.sync()  # nothing is left open: later syncs skip the walk
+    assert manual._regions_unsynced == 0
+    torch.testing.assert_close(full.cpu(), x * 3)
+    local = xs.enable_manual_sharding(x.to(dev), ("x", "y"), mesh=mesh)  # a new one is seen again
+    with pytest.warns(UserWarning, match="never closed"):
+        lazyxla.sync()
+    assert state(local).is_pending
+    del local
