@@ -63,10 +63,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lazyxla.tools import upstream_plugin
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_DOC = os.path.join(REPO, "docs", "torch_xla_conformance.md")
 DEFAULT_RESULTS = os.path.join(tempfile.gettempdir(), "lazyxla-upstream")
-RESULTS_ENV = "LAZYXLA_UPSTREAM_RESULTS"
+RESULTS_ENV = upstream_plugin.RESULTS_ENV
+PLUGIN = "lazyxla_upstream_plugin"  # the plugin's module name in the support directory
 TORCHVISION_ENV = "LAZYXLA_UPSTREAM_TORCHVISION"
 MAX_JOBS = 2
 
@@ -317,88 +320,6 @@ def discover(ptxla: str) -> tuple[list[Item], dict[str, str]]:
     return items, excluded
 
 
-# --- the pytest plugin (loaded in the child with `-p lazyxla.tools.upstream`) -------------------
-
-
-def _crash_line(report: Any) -> str:
-    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-    if crash is not None and getattr(crash, "message", None):
-        return str(crash.message).strip().splitlines()[0] if crash.message.strip() else ""
-    text = str(getattr(report, "longreprtext", "") or report.longrepr or "")
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    errors = [ln[2:].strip() for ln in lines if ln.startswith("E ")]
-    return (errors[0] if errors else (lines[-1] if lines else "")).strip()
-
-
-def _emit(record: dict[str, Any]) -> None:
-    path = os.environ.get(RESULTS_ENV)
-    if not path:
-        return
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def pytest_collectreport(report: Any) -> None:
-    if report.failed:
-        _emit(
-            {
-                "id": report.nodeid,
-                "phase": "collect",
-                "outcome": "error",
-                "message": _crash_line(report),
-                "detail": str(getattr(report, "longreprtext", ""))[-4000:],
-            }
-        )
-
-
-def pytest_configure(config: Any) -> None:
-    """absltest files read absl flags (`--test_tmpdir`) that `absltest.main()` would parse."""
-    try:
-        from absl import flags
-    except ImportError:
-        return
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS(["pytest"], known_only=True)
-
-
-def pytest_collection_finish(session: Any) -> None:
-    """The test module becomes `__main__`, as under `python test_x.py` (tests patch
-    `__main__.f`)."""
-    import sys
-
-    for item in session.items:
-        module = getattr(getattr(item, "module", None), "__name__", None)
-        if module is not None and module in sys.modules:
-            sys.modules["__main__"] = sys.modules[module]
-            return
-
-
-def pytest_runtest_logreport(report: Any) -> None:
-    if report.when == "call" or report.outcome != "passed" or getattr(report, "wasxfail", None):
-        outcome = report.outcome
-        if report.when != "call" and outcome == "failed":
-            outcome = "error"  # setup/teardown failure
-        if hasattr(report, "wasxfail"):
-            outcome = "xfail" if report.skipped else "xpass"
-        message = ""
-        if outcome == "skipped":
-            lr = report.longrepr
-            message = str(lr[2] if isinstance(lr, tuple) and len(lr) == 3 else lr)
-        elif outcome in ("failed", "error"):
-            message = _crash_line(report)
-        _emit(
-            {
-                "id": report.nodeid,
-                "phase": report.when,
-                "outcome": outcome,
-                "message": message,
-                "detail": str(getattr(report, "longreprtext", ""))[-4000:]
-                if outcome in ("failed", "error")
-                else "",
-            }
-        )
-
-
 # --- running ----------------------------------------------------------------------------------
 
 _SITECUSTOMIZE = """\
@@ -407,6 +328,8 @@ import os
 if os.environ.get("LAZYXLA_UPSTREAM_ALIAS") == "1":
     import lazyxla.compat
     lazyxla.compat.install()
+elif os.environ.get("LAZYXLA_UPSTREAM_REFERENCE") == "1":
+    import torch_xla  # the installed one, before the checkout's source tree is on sys.path
 import importlib.abc, json, sys
 
 _after = {}  # module name -> what to do to it once it has run
@@ -541,6 +464,8 @@ def _support_dir(results_dir: str) -> str:
     os.makedirs(d, exist_ok=True)
     _write_atomically(os.path.join(d, "sitecustomize.py"), _SITECUSTOMIZE)
     _write_atomically(os.path.join(d, "pytest.ini"), "[pytest]\naddopts =\n")
+    with open(upstream_plugin.__file__) as f:
+        _write_atomically(os.path.join(d, PLUGIN + ".py"), f.read())
     return d
 
 
@@ -601,7 +526,10 @@ def _run_one(
     collect_only: bool,
     memory_limit: float = 0,
     torchvision: str | None = None,
+    python: str | None = None,
 ) -> dict[str, Any]:
+    """Run one file; `python`: another interpreter, with the real torch_xla and without the
+    alias (the reference run)."""
     site = _support_dir(results_dir)
     key = _key(item.path)
     jsonl = os.path.join(results_dir, key + ".jsonl")
@@ -617,22 +545,26 @@ def _run_one(
     env.update(BASE_ENV)
     env["TORCH_TEST_DEVICES"] = os.path.join(ptxla, "test", "pytorch_test_base.py")
     env.update({k: v.replace("{tmp}", tmp) for k, v in item.env.items()})
-    env["LAZYXLA_UPSTREAM_ALIAS"] = "1"
+    # test/ is a package, so pytest puts the checkout first on sys.path, where its torch_xla/
+    # source tree would shadow the torch_xla in use: the sitecustomize imports that one first.
+    env["LAZYXLA_UPSTREAM_ALIAS" if python is None else "LAZYXLA_UPSTREAM_REFERENCE"] = "1"
     env[RESULTS_ENV] = jsonl
     # Not the checkout itself: its torch_xla/ source tree would shadow the alias.
     path_parts = [site, here, os.path.join(ptxla, "test"), REPO]
     # Examples import their shared modules from examples/, and so does a test that expects the
     # folder on its path (dynamo/test_dynamo_dynamic_shape.py: `from decoder_only_model import`).
     path_parts.insert(2 if item.kind == "example" else 3, os.path.join(ptxla, "examples"))
-    if torchvision:
+    if python is not None:
+        path_parts.remove(REPO)  # its torch_xla, not lazyxla's alias (nor its torchvision)
+    elif torchvision:
         path_parts.append(torchvision)
         env[TORCHVISION_ENV] = torchvision
     if env.get("PYTHONPATH"):
         path_parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path_parts)
     if item.kind == "test":
-        cmd = [sys.executable, "-m", "pytest", os.path.join(ptxla, item.path), "-q", "-n", "0"]
-        cmd += ["-p", "no:cacheprovider", "-p", "lazyxla.tools.upstream"]
+        cmd = [python or sys.executable, "-m", "pytest", os.path.join(ptxla, item.path), "-q"]
+        cmd += ["-p", "no:cacheprovider", "-p", PLUGIN]
         cmd += ["-c", os.path.join(site, "pytest.ini"), "--rootdir", ptxla, "-rN", "--tb=short"]
         if collect_only:
             cmd.append("--collect-only")
@@ -669,7 +601,9 @@ def _run_one(
         "timeout": timeout,
         "tail": output[-3000:],
     }
-    if torchvision:
+    if python is not None:
+        result["python"] = python
+    elif torchvision:
         result["torchvision"] = torchvision_version(torchvision)
     if item.kind == "test":
         records = []
@@ -711,6 +645,7 @@ def run(
     example_timeout: float | None = None,
     memory_limit: float = 0,
     torchvision: str | None = None,
+    python: str | None = None,
 ) -> list[dict[str, Any]]:
     os.makedirs(results_dir, exist_ok=True)
     results = []
@@ -726,6 +661,7 @@ def run(
                 collect_only,
                 memory_limit,
                 torchvision,
+                python,
             ): it
             for it in items
         }
@@ -826,8 +762,45 @@ def device_type_only(case: dict[str, Any]) -> bool:
 _MISSING = re.compile(r"No module named '(torch_xla[\w.]*)'")
 
 
+def _outcomes(results: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """Case id -> its outcome in the call phase (an error in setup or teardown wins)."""
+    out: dict[str, str] = {}
+    for r in results:
+        for case in r.get("cases", []):
+            if case["phase"] != "collect" and out.get(case["id"]) not in ("failed", "error"):
+                out[case["id"]] = case["outcome"]
+    return out
+
+
+def _against_reference(
+    results: list[dict[str, Any]], reference: list[dict[str, Any]], device_only: set[str]
+) -> tuple[list[str], dict[str, Any]]:
+    """The report's comparison with a reference run under torch_xla 2.9 (`--reference-results`):
+    its totals lines and the data for its section."""
+    ours, theirs = _outcomes(results), _outcomes(reference)
+    passed_there = {i for i, o in theirs.items() if o == "passed"}
+    missed = sorted(i for i in passed_there if ours.get(i) != "passed" and i not in device_only)
+    counted = len(passed_there - device_only)
+    gained = sorted(
+        i for i, o in ours.items() if o == "passed" and theirs.get(i) in ("failed", "error")
+    )
+    files = {r["path"] for r in reference}
+    lines = [
+        f"- Against torch_xla 2.9 on this CPU (the same files run with torch_xla 2.9.0 itself, "
+        f"`--reference-python`; {len(files)} files): of the {counted} cases it passes (device-type-"
+        f"only cases excluded), lazyxla passes {counted - len(missed)} "
+        f"({100 * (counted - len(missed)) / max(counted, 1):.1f} %). lazyxla also passes "
+        f"{len(gained)} cases torch_xla 2.9 fails here.",
+    ]
+    return lines, {"missed": missed, "ours": ours, "theirs": theirs, "gained": gained}
+
+
 def report(
-    results: Iterable[dict[str, Any]], excluded: dict[str, str], ptxla: str, timeout: float
+    results: Iterable[dict[str, Any]],
+    excluded: dict[str, str],
+    ptxla: str,
+    timeout: float,
+    reference: Iterable[dict[str, Any]] | None = None,
 ) -> str:
     results = sorted(results, key=lambda r: (r["kind"] != "test", r["path"]))
     tests = [r for r in results if r["kind"] == "test"]
@@ -911,6 +884,10 @@ def report(
         "noted under Examples.",
         "",
     ]
+    vs: dict[str, Any] = {}
+    if reference is not None:
+        lines, vs = _against_reference(tests, list(reference), {i for i, _ in device_only})
+        out[-1:-1] = lines
     if missing:
         out += [
             "## torch_xla modules that stop files at import",
@@ -979,6 +956,15 @@ def report(
         "",
     ]
     out += [f"- `{i}`: `{m}`" for i, m in device_only] or ["- none"]
+    if vs:
+        out += [
+            "",
+            "## Cases torch_xla 2.9 passes here and lazyxla does not",
+            "",
+            "From the reference run (`--reference-results`); lazyxla's outcome after each.",
+            "",
+        ]
+        out += [f"- `{i}`: {vs['ours'].get(i, 'not run')}" for i in vs["missed"]] or ["- none"]
     out += ["", "## Not run (need a TPU, GPU or Neuron device, or not a program)", ""]
     out += [f"- {p}: {why}" for p, why in sorted(excluded.items())]
     return "\n".join(out) + "\n"
@@ -1042,7 +1028,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "`make upstream-deps DIR=...`), put on the programs' PYTHONPATH; a build whose C++ ops "
         "do not load is made importable. Default: $LAZYXLA_TORCHVISION",
     )
+    parser.add_argument(
+        "--reference-python",
+        metavar="PY",
+        help="run the test files (not the examples) with this interpreter, one with the real "
+        "torch_xla 2.9 installed, without the alias, into --results-dir (a directory of its "
+        "own); no report is written. ../shared/peer/setup.sh DIR builds one: DIR/bin/python",
+    )
+    parser.add_argument(
+        "--reference-results",
+        metavar="DIR",
+        help="the results of a --reference-python run: the report then counts, of the cases "
+        "torch_xla passes, how many lazyxla passes, and lists those it does not",
+    )
     ns = parser.parse_args(argv)
+    if ns.reference_python:
+        ns.no_examples, ns.torchvision = True, None
     if ns.torchvision:
         ns.torchvision = os.path.abspath(ns.torchvision)
         why = check_torchvision(ns.torchvision)
@@ -1077,11 +1078,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns.example_timeout,
             ns.memory_limit_gb * 2**30,
             ns.torchvision,
+            ns.reference_python,
         )
-    if ns.collect_only:
+    if ns.collect_only or ns.reference_python:
         return 0
     results = load_results(ns.results_dir, [it.path for it in items])
-    text = report(results, excluded, ptxla, ns.timeout)
+    reference = None
+    if ns.reference_results:
+        reference = load_results(ns.reference_results, [it.path for it in items])
+    text = report(results, excluded, ptxla, ns.timeout, reference)
     os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
     with open(ns.out, "w") as f:
         f.write(text)

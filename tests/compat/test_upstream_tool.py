@@ -386,3 +386,59 @@ def test_resnet_examples_get_their_shrink_and_device_count(tmp_path):
     # One process per device, each with a ResNet-50: 2 of them, not 4.
     assert env["train_resnet_ddp.py"]["CPU_NUM_DEVICES"] == "2"
     assert env["train_resnet_spmd_data_parallel.py"]["CPU_NUM_DEVICES"] == "4"  # one process
+
+
+def test_reference_run_under_another_torch_xla_and_the_comparison(tmp_path):
+    """--reference-python runs the test files with the torch_xla installed for that interpreter
+    (here a stand-in on PYTHONPATH), not the checkout's source tree nor the alias; the report
+    then counts, of the cases the reference passes, how many lazyxla passes."""
+    root = _checkout(tmp_path / "ptxla")
+    (root / "test" / "__init__.py").write_text("")  # as in pytorch/xla: test/ is a package
+    (root / "torch_xla").mkdir()
+    (root / "torch_xla" / "__init__.py").write_text("WHICH = 'checkout source tree'\n")
+    installed = tmp_path / "installed"
+    (installed / "torch_xla").mkdir(parents=True)
+    (installed / "torch_xla" / "__init__.py").write_text("WHICH = 'installed'\n")
+    (root / "test" / "test_ref.py").write_text(
+        textwrap.dedent(
+            """
+            import torch_xla
+
+            def test_which():  # the alias has no WHICH: passes only under the reference
+                assert torch_xla.WHICH == "installed"
+
+            def test_both():
+                pass
+
+            def test_neither():
+                raise ValueError("no")
+            """
+        )
+    )
+
+    def tool(*args: str, pythonpath: str | None = None) -> None:
+        env = dict(os.environ)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        proc = subprocess.run(
+            [sys.executable, "-m", "lazyxla.tools.upstream", str(root), "--timeout", "100", *args],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    ref, ours, out = tmp_path / "ref", tmp_path / "ours", tmp_path / "doc.md"
+    tool("--results-dir", str(ref), "--reference-python", sys.executable, pythonpath=str(installed))
+    assert not out.exists()
+    record = json.loads((ref / "test__test_ref.py.json").read_text())
+    outcomes = {c["id"].split("::")[-1]: c["outcome"] for c in record["cases"]}
+    assert outcomes == {"test_which": "passed", "test_both": "passed", "test_neither": "failed"}
+    tool("--results-dir", str(ours), "--reference-results", str(ref), "--out", str(out))
+    text = out.read_text()
+    assert (
+        "of the 2 cases it passes (device-type-only cases excluded), lazyxla passes 1 (50.0 %)"
+        in text
+    )
+    assert "- `test/test_ref.py::test_which`: failed" in text
