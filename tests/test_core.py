@@ -159,7 +159,7 @@ def test_fallback_runs_on_cpu_counts_and_warns_once():
         warnings.simplefilter("always")
         from lazyxla._src import fallback
 
-        fallback._warned.discard("nonzero")
+        fallback._warned.discard("aten::nonzero")
         a = torch.nonzero(x.to(dev)).cpu()
         b = torch.nonzero(x.to(dev)).cpu()
     torch.testing.assert_close(a, torch.nonzero(x))
