@@ -155,7 +155,9 @@ def summarize(run: dict, steps: int, batch_size: int, console: Console) -> None:
     )
     table.add_row("cache hits (CachedCompile)", str(cached), "steps that reused an executable")
     table.add_row("CompileTime total", _fmt_s(compile_ns), "jax.jit lower + compile")
-    table.add_row("ExecuteTime total", _fmt_s(execute_ns), "launching executables (async)")
+    table.add_row(
+        "ExecuteTime total", _fmt_s(execute_ns), "running the executables (launch to done)"
+    )
     table.add_row("LazyTracing total", _fmt_s(tracing_ns), "recording aten ops into the IR")
     table.add_row("largest graph", f"{graph_nodes} nodes", "forward + backward + AdamW, one step")
     table.add_row("median step (warm)", f"{median_ms:.1f} ms", "record + sync + read the loss")

@@ -104,3 +104,22 @@ def test_copy_shapes_are_checked_when_recorded_as_eager_does(dst, src):
         lazyxla.sync()  # nothing pending was broken by the rejected copy
     else:
         assert torch.equal(run(DEV), want)
+
+
+def test_an_index_into_an_empty_dimension_raises_as_eager():
+    # Found by the view fuzzer: eager raises IndexError, lazyxla wrote nothing and went on.
+    from lazyxla.tools.fuzz_views import check_program
+
+    check_program(
+        """
+        t0 = torch.arange(1.).to(dev, copy=True)
+        t1 = t0[1::1]
+        t1.index_put_((torch.tensor([0]).to(dev),), torch.tensor(0.).to(dev), accumulate=False)
+        """
+    )
+    msg = "index is out of bounds for dimension with size 0"
+    with pytest.raises(IndexError, match=msg):
+        torch.zeros(2, 0, device=DEV)[:, torch.tensor([1]).to(DEV)]
+    empty = torch.zeros(0, device=DEV)  # no index at all is fine, as in eager
+    empty.index_put_((torch.tensor([], dtype=torch.long).to(DEV),), torch.tensor(1.0).to(DEV))
+    assert empty.cpu().shape == (0,)

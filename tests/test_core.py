@@ -334,6 +334,24 @@ def test_buffer_donation_keeps_every_live_tensor_valid():
         config.FLAGS.set("donate_buffers", False)
 
 
+def test_buffer_donation_never_donates_an_array_two_inputs_share():
+    # Found by the view fuzzer with donation on: one-element uploads share a cached array
+    # (Note [Device data cache]), so two inputs of one graph were one buffer, and donating it
+    # failed the sync (XLA: "Attempt to donate the same buffer twice").
+    from lazyxla.tools.fuzz_views import check_program
+
+    config.FLAGS.set("donate_buffers", True)
+    try:
+        check_program(
+            """
+            t0 = torch.arange(1.).reshape(()).to(dev, copy=True).requires_grad_()
+            backward(t0, t0)
+            """
+        )
+    finally:
+        config.FLAGS.set("donate_buffers", False)
+
+
 def test_graph_cache_is_bounded_lru():
     old = config.FLAGS.compilation_cache_size
     config.FLAGS.set("compilation_cache_size", 2)

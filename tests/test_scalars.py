@@ -353,3 +353,16 @@ def test_each_lifted_scalar_is_its_own_argument():
     assert "tensor<3xf32>" not in signature and "tensor<6xf32>" not in signature
     for o, e in zip(out, update(ps), strict=True):
         assert bits_equal(o, e)
+
+
+@pytest.mark.parametrize(
+    "dtype,value",
+    [(torch.uint8, -1), (torch.int8, 200), (torch.int16, -40000), (torch.int32, 2**33 + 5)],
+)
+def test_int_scalar_out_of_the_tensor_range_wraps_as_eager(dtype, value):
+    # Found by the view fuzzer: `uint8_tensor.add_(-1)` failed its sync (numpy refuses to cast
+    # an out-of-range Python int); eager wraps it modulo 2**bits.
+    x = torch.arange(3).to(dtype)
+    lazy = x.to(dev)
+    lazy.add_(value).mul_(value)
+    torch.testing.assert_close(lazy.cpu(), x.clone().add_(value).mul_(value))

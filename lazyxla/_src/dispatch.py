@@ -230,6 +230,18 @@ def _check_index_count(op: OpOverload, vals: list[Any]) -> None:
     x, indices = vals[0], vals[1]
     if len(indices) > x.dim():
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
+    _check_index_into_empty(op, vals)
+
+
+def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
+    """Any index into a dimension of size 0 is out of bounds: eager raises, and it is known from
+    the shapes alone (other out-of-bounds indices need the values, which XLA clamps)."""
+    x, indices = vals[0], vals[1]
+    if any(i is not None and i.dtype == torch.bool for i in indices):
+        return  # a mask spans several dimensions
+    for size, i in zip(x.shape, indices):
+        if i is not None and size == 0 and i.numel() > 0:
+            raise IndexError("index is out of bounds for dimension with size 0")
 
 
 # Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
@@ -237,6 +249,7 @@ _EAGER_CHECKS = {
     _aten.index_put.default: _check_index_count,
     _aten._index_put_impl.default: _check_index_count,
     _aten._unsafe_index_put.default: _check_index_count,
+    _aten.index.Tensor: _check_index_into_empty,
 }
 
 

@@ -88,7 +88,10 @@ def set_allow_execution(allow: bool) -> None:
 # write an output into its buffer. A stale view (its cached value may still read old data) turns
 # donation off for that sync; data a trace-once graph keeps as a constant is never donated
 # (`node.meta == KEEP`). Only inputs whose spec matches an output are donated, so XLA can alias
-# every one. The donation mask is part of the graph key. Partial syncs (`.item()`) never donate.
+# every one, and never an array two inputs share. The donation mask is part of the graph key.
+# Partial syncs (`.item()`) never donate. A donated buffer is gone once the execution starts, also
+# when it then fails (out of memory): what the failed graph computed from it cannot be recomputed
+# and fails when read, which is why donation is opt-in here (Note [Failed graphs]).
 KEEP = "keep"
 DONATE = "donate"  # marked by torch_xla._XLAC._set_buffer_donation: donatable though held
 
@@ -135,6 +138,15 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
     if dt == np.float16:
         with np.errstate(over="ignore"):  # out of range: inf, as eager's cast gives
             return np.asarray(values, np.float32).astype(np.float16)
+    if dt.kind in "iu":
+        try:
+            return np.asarray(values, dtype=dt)
+        except OverflowError:
+            # A Python int out of the tensor's range (`uint8_tensor.add_(-1)`): eager wraps it
+            # modulo 2**bits, as C++ converts it; numpy refuses.
+            bits = dt.itemsize * 8
+            unsigned = np.dtype(f"u{dt.itemsize}")
+            return np.asarray([int(v) % (1 << bits) for v in values], unsigned).view(dt)
     return np.asarray(values, dtype=dt)
 
 
@@ -203,10 +215,13 @@ class Capture:
         if held is None:
             return (False,) * len(data_nodes)
         free = collections.Counter(n.specs[k] for n, k in root_values)
+        # An array several of this graph's inputs share (two nodes over one buffer: a gradient
+        # seeded with the tensor itself) is read through the others: never donated.
+        uses = collections.Counter(id(n.data) for n in data_nodes)
         mask = []
         for n in data_nodes:
             free_input = (id(n) not in held and id(n.data) not in held) or n.meta == DONATE
-            ok = free_input and n.meta != KEEP and free[n.specs[0]] > 0
+            ok = free_input and uses[id(n.data)] == 1 and n.meta != KEEP and free[n.specs[0]] > 0
             if ok:
                 free[n.specs[0]] -= 1
             mask.append(ok)
