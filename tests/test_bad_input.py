@@ -123,3 +123,17 @@ def test_an_index_into_an_empty_dimension_raises_as_eager():
     empty = torch.zeros(0, device=DEV)  # no index at all is fine, as in eager
     empty.index_put_((torch.tensor([], dtype=torch.long).to(DEV),), torch.tensor(1.0).to(DEV))
     assert empty.cpu().shape == (0,)
+
+
+def test_a_graph_that_cannot_fit_is_refused_before_it_runs():
+    # XLA fuses the generator into the sum: without the check this ran for hours instead of
+    # failing (and a graph just over the host's memory would be killed by the OOM killer).
+    a = torch.rand(1024, 1024, 1024, 1024, 1024, device=DEV)  # 4 PiB
+    b = a.sum()
+    c = torch.ones(3, device=DEV) * 2
+    with pytest.raises(
+        RuntimeError, match="^Error preparing computation: Out of memory allocating"
+    ) as e:
+        b.cpu()
+    assert any("lazyxla: this graph's outputs and temporaries need" in n for n in e.value.__notes__)
+    torch.testing.assert_close(c.cpu(), torch.full((3,), 2.0))  # the rest ran

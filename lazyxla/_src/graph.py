@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import math
 import os
 import time
 import warnings
@@ -26,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import analysis, collectives, host_read, metrics, sharding, step_closures
+from . import analysis, collectives, host_read, metrics, runtime, sharding, step_closures
 from .config import FLAGS
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
@@ -290,6 +291,11 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
             collectives.check_same_program(lowered)
         exe = lowered.compile()
     metrics.counter_inc("CreateCompileHandles")
+    largest = max(
+        (math.prod(n.specs[k].shape) * n.specs[k].dtype.itemsize for n, k in cap.root_values),
+        default=0,
+    )
+    runtime.check_fits(exe, largest)  # Note [Out of memory before running]
     # torch_xla compiles through StableHLO when XLA_STABLEHLO_COMPILE is set (read at each compile)
     # and counts it; JAX always lowers to StableHLO, so here the flag only turns the count on.
     if os.environ.get("XLA_STABLEHLO_COMPILE", "0").lower() in ("1", "true"):

@@ -8,9 +8,11 @@ and, for `CPU_NUM_DEVICES=N`, N virtual CPU devices.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 import os
+import re
 from typing import Any
 
 import jax
@@ -228,3 +230,89 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
     return jnp.zeros(shape, jnp_dtype(dtype))
+
+
+# Note [Out of memory before running]
+# A graph whose outputs and temporaries cannot fit on its devices is refused when it is compiled,
+# with torch_xla's message ("Error preparing computation: Out of memory allocating N bytes."),
+# before it runs: on a CPU the alternative is worse than an error. XLA:CPU allocates lazily, so
+# such a program either runs for hours (a 4 PiB `torch.rand(...).sum()` whose sum XLA fuses with
+# the generator) or is killed by the kernel's OOM killer with no error at all. The figure is
+# XLA's own buffer assignment (`compiled.memory_analysis()`: outputs + temporaries - outputs
+# aliased onto donated inputs), per device; a device's capacity is its `bytes_limit` on GPU/TPU,
+# and on the CPU the host's RAM and swap, which all of its virtual devices share. N is the largest
+# single output when that alone cannot fit (as torch_xla names the one allocation that failed),
+# else the whole. The check runs once per compile, never per execution; the failure goes
+# through Note [Failed graphs], so only the tensors that need the allocation fail.
+
+
+def _capacity(devices: list[jax.Device]) -> int | None:
+    """Bytes the program may use over `devices` (None: unknown)."""
+    if devices and devices[0].platform == "cpu":
+        return _host_memory()
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    return min(limits) if limits and all(limits) else None
+
+
+@functools.cache
+def _host_memory() -> int | None:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    swap = 0
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SwapTotal:"):
+                    swap = int(line.split()[1]) * 1024
+    return ram + swap
+
+
+_HLO_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
+_HLO_BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
+
+
+def _largest_buffer(exe: Any, capacity: int) -> int | None:
+    """The bytes of the largest array in `exe`'s optimized HLO, if that alone cannot fit (the
+    allocation torch_xla names); read only on this error path."""
+    try:
+        text = exe.as_text()
+    except Exception:
+        return None
+    best = 0
+    for ty, dims in _HLO_SHAPE.findall(text or ""):
+        bits = _HLO_BITS.get(ty) or int(ty[1:])
+        best = max(best, math.prod(int(d) for d in dims.split(",") if d) * bits // 8)
+    return best if best > capacity else None
+
+
+def check_fits(exe: Any, largest_output: int) -> None:
+    """Raise torch_xla's out-of-memory error if `exe` cannot fit (Note [Out of memory before
+    running]). `largest_output`: the bytes of its largest output."""
+    try:
+        m = exe.memory_analysis()
+        devices = list(exe.runtime_executable().local_devices())
+    except Exception:  # a platform without the analysis: XLA reports at run time
+        return
+    if m is None or not devices:
+        return
+    capacity = _capacity(devices)
+    if capacity is None:
+        return
+    per_device = int(m.output_size_in_bytes) + int(m.temp_size_in_bytes)
+    per_device -= int(m.alias_size_in_bytes)
+    shared = len(devices) if devices[0].platform == "cpu" else 1  # CPU devices share the host
+    need = per_device * shared
+    if need <= capacity:
+        return
+    n = largest_output if largest_output > capacity else _largest_buffer(exe, capacity) or need
+    err = RuntimeError(f"Error preparing computation: Out of memory allocating {n} bytes.")
+    err.add_note(
+        f"lazyxla: this graph's outputs and temporaries need {need / 2**30:,.1f} GiB "
+        f"(XLA's buffer assignment), more than the {capacity / 2**30:,.1f} GiB "
+        f"{'of host memory (RAM and swap) ' if shared else 'a device has '}it runs on. Make the "
+        "tensors smaller (batch, sequence), shard them over more devices, or sync more often so "
+        "fewer intermediate results are outputs of one graph."
+    )
+    raise err
