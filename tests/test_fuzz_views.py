@@ -167,6 +167,26 @@ t1.index_put_((torch.tensor([0, 0]).to(dev),), torch.arange(2.).to(dev), accumul
 t0 = torch.arange(1.).reshape(1, 1).to(dev, copy=True)
 t1 = t0.narrow(1, 0, 0)
 """,
+    "zero_d_complex_viewed_as_real_written_in_place": """
+t0 = torch.arange(2.).view(torch.complex64).reshape(()).to(dev, copy=True)
+t1 = t0.view(torch.float64)
+t1.mul_(0)
+""",
+    "zero_d_real_viewed_as_complex_written_in_place": """
+t0 = torch.arange(1.).double().reshape(()).to(dev, copy=True)
+t1 = t0.view(torch.complex64)
+t1.mul_(2)
+""",
+    "negative_int_into_uint8_view": """
+t0 = torch.arange(1.).to(dev, copy=True)
+t1 = t0.view(torch.uint8)
+t1.add_(-1)
+""",
+    "index_put_into_empty_slice_raises": """
+t0 = torch.arange(1.).to(dev, copy=True)
+t1 = t0[1::1]
+t1.index_put_((torch.tensor([0]).to(dev),), torch.tensor(0.).to(dev), accumulate=False)
+""",
 }
 
 

@@ -330,6 +330,8 @@ def _bitcast(x, dtype):
     src, dst = np.dtype(x.dtype), np.dtype(dtype)
     if src == dst:
         return x
+    if x.ndim == 0:  # (same itemsize, PyTorch's rule) a complex <-> real step needs a last dim
+        return _bitcast(x.reshape(1), dtype).reshape(())
     shape = x.shape
     if src.itemsize != dst.itemsize:
         shape = x.shape[:-1] + (x.shape[-1] * src.itemsize // dst.itemsize,)
