@@ -763,12 +763,23 @@ _MISSING = re.compile(r"No module named '(torch_xla[\w.]*)'")
 
 
 def _outcomes(results: Iterable[dict[str, Any]]) -> dict[str, str]:
-    """Case id -> its outcome in the call phase (an error in setup or teardown wins)."""
+    """Case -> its outcome. A case is its id, with `#k` for the k-th report of an id after the
+    first (a test's subtests report under its id: test_core_aten_ops.py has 9 per test), in the
+    order they ran, which both runs share."""
     out: dict[str, str] = {}
     for r in results:
+        seen: Counter[str] = Counter()
         for case in r.get("cases", []):
-            if case["phase"] != "collect" and out.get(case["id"]) not in ("failed", "error"):
-                out[case["id"]] = case["outcome"]
+            if case["phase"] == "collect":
+                continue
+            if case["phase"] != "call":  # a setup/teardown report: that of the last call
+                key = case["id"] + (f"#{seen[case['id']] - 1}" if seen[case["id"]] > 1 else "")
+                if case["outcome"] in ("failed", "error"):
+                    out[key] = case["outcome"]
+                continue
+            k = seen[case["id"]]
+            seen[case["id"]] += 1
+            out[case["id"] + (f"#{k}" if k else "")] = case["outcome"]
     return out
 
 

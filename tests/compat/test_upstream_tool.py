@@ -442,3 +442,12 @@ def test_reference_run_under_another_torch_xla_and_the_comparison(tmp_path):
         in text
     )
     assert "- `test/test_ref.py::test_which`: failed" in text
+
+
+def test_outcomes_tell_subtests_of_one_id_apart():
+    # pytest reports each subtest under its test's id (test_core_aten_ops.py: 9 per test)
+    case = lambda i, o, phase="call": {"id": i, "phase": phase, "outcome": o}  # noqa: E731
+    ran = [{"cases": [case("t::a", "passed"), case("t::a", "failed"), case("t::b", "passed")]}]
+    assert upstream._outcomes(ran) == {"t::a": "passed", "t::a#1": "failed", "t::b": "passed"}
+    torn = [{"cases": [case("t::a", "passed"), case("t::a", "error", "teardown")]}]
+    assert upstream._outcomes(torn) == {"t::a": "error"}
