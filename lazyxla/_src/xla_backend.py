@@ -11,6 +11,7 @@ init_method="xla://")` works too, for host-side collectives).
 from __future__ import annotations
 
 import datetime
+import warnings
 from typing import Any
 
 import torch
@@ -91,7 +92,9 @@ class ProcessGroupXla(ProcessGroup):
         super().__init__(rank, size)
         self.store = store
         self.timeout = timeout
-        self._groups: list[list[int]] | None = None
+        # torch_xla's `_mesh`: the replica groups its collectives run over ([]: the whole world),
+        # set by `new_group` (Note [Process group meshes])
+        self._mesh: list[list[int]] = []
         self._group_name = "xla"
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
@@ -109,9 +112,9 @@ class ProcessGroupXla(ProcessGroup):
 
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if op == dist.ReduceOp.AVG:
-            xm.all_reduce("sum", tensors, scale=1.0 / self.size(), groups=self._groups)
+            xm.all_reduce("sum", tensors, scale=1.0 / self.size(), groups=self._mesh)
         else:
-            xm.all_reduce(_reduce_type(op), tensors, groups=self._groups)
+            xm.all_reduce(_reduce_type(op), tensors, groups=self._mesh)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -120,15 +123,15 @@ class ProcessGroupXla(ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         from . import xla_model as xm
 
-        root = dist.get_global_rank(self, opts.rootRank) if self._groups else opts.rootRank
-        xm.collective_broadcast(tensors, root, groups=self._groups)
+        root = dist.get_global_rank(self, opts.rootRank) if self._mesh else opts.rootRank
+        xm.collective_broadcast(tensors, root, groups=self._mesh)
         return _done(tensors)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         from . import xla_model as xm
 
         flat = input.reshape(1) if input.dim() == 0 else input
-        result = xm.all_gather(flat, dim=0, groups=self._groups)
+        result = xm.all_gather(flat, dim=0, groups=self._mesh)
         if result.shape != output.shape:
             result = result.reshape(output.shape)
         with torch.no_grad():
@@ -142,7 +145,7 @@ class ProcessGroupXla(ProcessGroup):
 
         for inp, outs in zip(inputs, outputs):
             flat = inp.reshape(1) if inp.dim() == 0 else inp
-            result = xm.all_gather(flat, dim=0, groups=self._groups)
+            result = xm.all_gather(flat, dim=0, groups=self._mesh)
             with torch.no_grad():
                 for o, part in zip(outs, torch.split(result, flat.shape[0])):
                     o.copy_(part.reshape(o.shape))
@@ -158,9 +161,9 @@ class ProcessGroupXla(ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         from . import xla_model as xm
 
-        k = len(self._groups[0]) if self._groups else self.size()
+        k = len(self._mesh[0]) if self._mesh else self.size()
         xm.reduce_scatter(
-            _reduce_type(opts.reduceOp), input, 1.0, 0, k, groups=self._groups, output=output
+            _reduce_type(opts.reduceOp), input, 1.0, 0, k, groups=self._mesh, output=output
         )
         return _done(output)
 
@@ -194,14 +197,14 @@ class ProcessGroupXla(ProcessGroup):
                 "input to equal splits"
             )
         with torch.no_grad():
-            output.copy_(xm.all_to_all(input, 0, 0, self.size(), groups=self._groups))
+            output.copy_(xm.all_to_all(input, 0, 0, self.size(), groups=self._mesh))
         return _done(output)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
         from . import xla_model as xm
 
         stacked = torch.stack(inputs)
-        result = xm.all_to_all(stacked, 0, 0, len(inputs), groups=self._groups)
+        result = xm.all_to_all(stacked, 0, 0, len(inputs), groups=self._mesh)
         with torch.no_grad():
             for o, r in zip(outputs, torch.unbind(result)):
                 o.copy_(r)
@@ -228,7 +231,7 @@ class ProcessGroupXla(ProcessGroup):
 
         for i, inp in enumerate(inputs):
             flat = inp.reshape(1) if inp.dim() == 0 else inp
-            result = xm.all_gather(flat, dim=0, groups=self._groups)
+            result = xm.all_gather(flat, dim=0, groups=self._mesh)
             if self.rank() == opts.rootRank:
                 with torch.no_grad():
                     for o, part in zip(outputs[i], torch.split(result, flat.shape[0])):
@@ -260,7 +263,7 @@ class ProcessGroupXla(ProcessGroup):
 
     def _global(self, rank: int) -> int:
         """The process of this group's `rank`."""
-        return dist.get_global_rank(self, rank) if self._groups else rank
+        return dist.get_global_rank(self, rank) if self._mesh else rank
 
 
 class SpmdProcessGroupError(AssertionError, RuntimeError):
@@ -279,9 +282,82 @@ def _create(prefix_store: Any, rank: int, size: int, timeout: Any) -> ProcessGro
     return ProcessGroupXla(prefix_store, rank, size, timeout)
 
 
+# Note [Process group meshes]
+# XLA runs a collective on every replica: a process group over some of the ranks still needs a
+# replica group for every rank. As torch_xla's, `dist.new_group(ranks)` of the `xla` backend
+# records them in the group's `_mesh`: all ranks (one group), one rank (each its own group), or a
+# slice of a rectangular mesh it infers with `pg_options={'xla_pg_options': {'spmd': True}}` (a
+# row of consecutive ranks or a column of equally strided ones, the other rows/columns filled
+# in), or the `mesh` given there; otherwise just `ranks`. A slice no rectangle has is a
+# ValueError when the group is made.
+
+
+def _infer_mesh(ranks: list[int], world: int) -> list[list[int]]:
+    """The rectangular mesh of `world` ranks that has `ranks` as a row or a column."""
+    n = len(ranks)
+    if world % n:
+        raise ValueError(
+            f"Given slice length doesn't equal to a side of a rectangle. World size: {world}, "
+            f"slice length: {n}"
+        )
+    step = ranks[1] - ranks[0]
+    if ranks != list(range(ranks[0], ranks[0] + step * n, step)):
+        raise ValueError(f"Given slice isn't a range with evenly distributed steps: {ranks}")
+    rows = world // n
+    if step == 1:  # a row: consecutive ranks
+        if ranks[0] % n or ranks[0] >= world:
+            raise ValueError(
+                f"Given horizontal slice doesn't have a correct start: World size: {world}, "
+                f"slice length: {n}, slice: {ranks}"
+            )
+        return [list(range(i * n, (i + 1) * n)) for i in range(rows)]
+    if ranks[0] >= rows or step != rows:  # a column: every `rows`-th rank
+        raise ValueError(
+            f"Given vertical slice doesn't have a correct start or step: World size: {world}, "
+            f"slice length: {n}, slice: {ranks}"
+        )
+    return [list(range(i, world, rows)) for i in range(rows)]
+
+
+_new_group = dist.new_group
+
+
+def new_group(
+    ranks: Any = None, timeout: Any = None, backend: Any = None, pg_options: Any = None, **kw: Any
+) -> Any:
+    """`dist.new_group`, giving an `xla` group its replica groups (Note [Process group meshes])."""
+    opts = pg_options.get("xla_pg_options", {}) if isinstance(pg_options, dict) else {}
+    if timeout is not None:
+        kw["timeout"] = timeout
+    pg = _new_group(ranks=ranks, backend=backend, pg_options=pg_options, **kw)
+    if not isinstance(pg, ProcessGroupXla) or ranks is None:
+        return pg
+    world_pg = dist.group.WORLD
+    if not isinstance(world_pg, ProcessGroupXla):
+        raise RuntimeError("the xla backend requires the default process group to be an xla one")
+    ranks, world = list(ranks), world_pg.size()
+    if ranks == list(range(world)):
+        pg._mesh = [ranks]
+    elif len(ranks) == 1:
+        if ranks[0] not in range(world):
+            raise ValueError(f"Given ranks is out of range: World size: {world}, ranks: {ranks}")
+        pg._mesh = [[r] for r in range(world)]
+    elif 1 < len(ranks) < world:
+        given = opts.get("mesh")
+        pg._mesh = given if given else _infer_mesh(ranks, world) if opts.get("spmd") else [ranks]
+    else:
+        warnings.warn(
+            f"new_group: no replica groups for ranks {ranks}; the group's collectives run over "
+            "the whole world",
+            stacklevel=2,
+        )
+    return pg
+
+
 def register() -> None:
     """Register the `xla` backend and `xla://` init method (idempotent)."""
     collectives.register_functional_collectives()
+    dist.new_group = new_group
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _create, devices=["jax"])
     try:

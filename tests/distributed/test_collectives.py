@@ -26,5 +26,19 @@ def test_send_and_recv_between_two_of_three_processes(tmp_path):
     run_launch("progs_p2p.py", 3, [])
 
 
+def test_subgroup_collectives_reduce_over_their_group_only():
+    run_launch("progs_groups.py", 4, [])
+
+
 def test_collectives_inside_torch_compile_chain_with_recorded_ones():
     run_launch("progs_compiled.py", 2, [])
+
+
+def test_process_group_mesh_inference_as_torch_xla():
+    from lazyxla._src.xla_backend import _infer_mesh
+
+    assert _infer_mesh([4, 5, 6, 7], 12) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert _infer_mesh([1, 5, 9], 12) == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+    for bad in ([4, 5, 6], [0, 1, 2, 3, 4], [7, 8, 9, 10], [1, 5], [4, 7, 10], [1, 5, 10]):
+        with pytest.raises(ValueError):
+            _infer_mesh(bad, 12)
