@@ -120,6 +120,11 @@ def test_an_index_into_an_empty_dimension_raises_as_eager():
     msg = "index is out of bounds for dimension with size 0"
     with pytest.raises(IndexError, match=msg):
         torch.zeros(2, 0, device=DEV)[:, torch.tensor([1]).to(DEV)]
+    # indices that broadcast to no element read nothing, also from an empty dimension
+    x = torch.rand(0, 0, 10, 0)
+    i0, i1 = torch.zeros(5, 5, 0, dtype=torch.long), torch.zeros(5, 5, 1, dtype=torch.long)
+    got = x.to(DEV)[:, i0.to(DEV), :, i1.to(DEV)]
+    assert got.cpu().shape == x[:, i0, :, i1].shape
     empty = torch.zeros(0, device=DEV)  # no index at all is fine, as in eager
     empty.index_put_((torch.tensor([], dtype=torch.long).to(DEV),), torch.tensor(1.0).to(DEV))
     assert empty.cpu().shape == (0,)

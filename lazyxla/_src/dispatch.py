@@ -239,9 +239,11 @@ def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
     x, indices = vals[0], vals[1]
     if any(i is not None and i.dtype == torch.bool for i in indices):
         return  # a mask spans several dimensions
-    for size, i in zip(x.shape, indices):
-        if i is not None and size == 0 and i.numel() > 0:
-            raise IndexError("index is out of bounds for dimension with size 0")
+    given = [i for i in indices if i is not None]
+    if not given or math.prod(torch.broadcast_shapes(*(i.shape for i in given))) == 0:
+        return  # the indices broadcast to no element: nothing is read or written
+    if any(i is not None and size == 0 for size, i in zip(x.shape, indices)):
+        raise IndexError("index is out of bounds for dimension with size 0")
 
 
 # Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
