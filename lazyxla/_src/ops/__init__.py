@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (importing registers the lowerings)
     nn,
     random,
     reduction,
+    rnn,
     shape,
 )
 from .registry import LOWERINGS
@@ -113,6 +114,7 @@ def install() -> None:
         if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
             dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))
     special.install()
+    rnn.install()
     from .. import autocast
 
     autocast.install()

@@ -65,6 +65,7 @@ _OPMATH_MODULES = frozenset(
         "decompositions",
         "distances",
         "foreach",
+        "rnn",
     )
 )
 _LOW = (jnp.bfloat16, jnp.float16)
