@@ -1,8 +1,9 @@
 """torch_xla._internal.pjrt: run a function once per device and collect the results.
 
-`run_multiprocess(fn, *args)` runs `fn(*args)` in one process per local device (lazyxla's launcher,
-the same one `xmp.spawn` uses) and returns `{ordinal: result}`; results travel back pickled through
-files. With one device it runs `fn` here.
+`run_multiprocess(fn, *args)` runs `fn(*args)` in one new process per local device (lazyxla's
+launcher, the same one `xmp.spawn` uses) and returns `{ordinal: result}`; results travel back
+pickled through files. As torch_xla's, it starts a process also for one device, so process-wide
+state (a default process group, the runtime) starts fresh each call; `fn` must be picklable.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ def run_multiprocess(
         raise ValueError(f"start_method={start_method!r}: lazyxla starts fresh interpreters")
     call = functools.partial(fn, *args, **kwargs)
     n = launch.local_process_count()
-    if n == 1:
-        return {0: call()}
     with tempfile.TemporaryDirectory(prefix="lazyxla-pjrt-") as out:
-        launch.spawn(_Collect(call, out), (), n)
+        launch.spawn_processes(_Collect(call, out), (), n)
         results = {}
         for name in os.listdir(out):
             with open(os.path.join(out, name), "rb") as f:

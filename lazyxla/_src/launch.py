@@ -76,6 +76,11 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None
     if n == 1:
         fn(0, *args)
         return
+    spawn_processes(fn, args, n)
+
+
+def spawn_processes(fn: Callable[..., Any], args: tuple[Any, ...], n: int) -> None:
+    """`fn(ordinal, *args)` in `n` new processes, also when `n` is 1."""
     if os.environ.get("LAZYXLA_NUM_PROCESSES") or os.environ.get("WORLD_SIZE"):
         raise RuntimeError(
             "launch/spawn called inside a process that is already one of several "

@@ -171,12 +171,17 @@ def test_internal_utils_and_tpu_env(monkeypatch):
     assert tpu.MeshShape.from_string("2,2,1") * (2, 1, 1) == (4, 2, 1)
 
 
-def test_internal_pjrt_runs_in_process_with_one_device(monkeypatch):
+def test_internal_pjrt_starts_a_process_also_for_one_device(monkeypatch):
+    # as torch_xla's: process-wide state (a default process group) starts fresh in each call
+    import operator
+    import os
+
     from torch_xla._internal import pjrt
 
     monkeypatch.setenv("LAZYXLA_NUM_LOCAL_PROCESSES", "1")
 
-    assert pjrt.run_multiprocess(lambda x: x * 2, 21) == {0: 42}
+    assert pjrt.run_multiprocess(operator.mul, 21, 2) == {0: 42}
+    assert pjrt.run_multiprocess(os.getpid) != {0: os.getpid()}
     with pytest.raises(ValueError, match="Unsupported nprocs"):
         pjrt.spawn(print, nprocs=3)
 
