@@ -22,6 +22,38 @@ from .tensor import is_lazy
 _TorchGRU = nn.GRU  # PyTorch's own, even after the alias patches torch.nn.GRU
 
 
+def _scan_layer(
+    gru: Any, layer: int, x: torch.Tensor, h0: torch.Tensor
+) -> tuple[torch.Tensor, Any]:
+    """One layer of `gru` over the sequence `x` as one scan (a function, not a method: the class
+    has torch's GRU's methods only, as torch_xla's tests check)."""
+    from .scan import scan
+
+    w_ih = getattr(gru, f"weight_ih_l{layer}")
+    w_hh = getattr(gru, f"weight_hh_l{layer}")
+    b_ih = getattr(gru, f"bias_ih_l{layer}") if gru.bias else None
+    b_hh = getattr(gru, f"bias_hh_l{layer}") if gru.bias else None
+    gates_x = F.linear(x, w_ih, b_ih)  # every step's input projection at once: (T, B, 3H)
+
+    # The recurrent weights ride in the carry (scan traces `cell` on placeholders: it may
+    # not close over tensors that need gradients).
+    def cell(carry: tuple, gx: torch.Tensor) -> tuple[tuple, torch.Tensor]:
+        h, w, b = carry
+        gh = F.linear(h, w, b)
+        xr, xz, xn = gx.chunk(3, dim=-1)
+        hr, hz, hn = gh.chunk(3, dim=-1)
+        r = torch.sigmoid(xr + hr)
+        z = torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        h_new = (1 - z) * n + z * h
+        return (h_new, w, b), h_new.clone()
+
+    if b_hh is None:
+        b_hh = torch.zeros(w_hh.shape[0], dtype=w_hh.dtype, device=w_hh.device)
+    (h_last, _, _), ys = scan(cell, (h0, w_hh, b_hh), gates_x)
+    return h_last, ys
+
+
 class GRU(_TorchGRU):
     """`nn.GRU` with a scan per layer on lazyxla tensors (PyTorch's GRU on other devices). As in
     torch_xla, a bidirectional GRU is PyTorch's GRU (with a warning)."""
@@ -37,34 +69,7 @@ class GRU(_TorchGRU):
             return _TorchGRU(*args, **kwargs)
         return super().__new__(cls)
 
-    def _layer(self, layer: int, x: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        from .scan import scan
-
-        w_ih = getattr(self, f"weight_ih_l{layer}")
-        w_hh = getattr(self, f"weight_hh_l{layer}")
-        b_ih = getattr(self, f"bias_ih_l{layer}") if self.bias else None
-        b_hh = getattr(self, f"bias_hh_l{layer}") if self.bias else None
-        gates_x = F.linear(x, w_ih, b_ih)  # every step's input projection at once: (T, B, 3H)
-
-        # The recurrent weights ride in the carry (scan traces `cell` on placeholders: it may
-        # not close over tensors that need gradients).
-        def cell(carry: tuple, gx: torch.Tensor) -> tuple[tuple, torch.Tensor]:
-            h, w, b = carry
-            gh = F.linear(h, w, b)
-            xr, xz, xn = gx.chunk(3, dim=-1)
-            hr, hz, hn = gh.chunk(3, dim=-1)
-            r = torch.sigmoid(xr + hr)
-            z = torch.sigmoid(xz + hz)
-            n = torch.tanh(xn + r * hn)
-            h_new = (1 - z) * n + z * h
-            return (h_new, w, b), h_new.clone()
-
-        if b_hh is None:
-            b_hh = torch.zeros(w_hh.shape[0], dtype=w_hh.dtype, device=w_hh.device)
-        (h_last, _, _), ys = scan(cell, (h0, w_hh, b_hh), gates_x)
-        return h_last, ys
-
-    def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> Any:  # type: ignore[override]
+    def forward(self, input, hx=None):  # torch's GRU's signature, unannotated: torch_xla compares
         if not is_lazy(input):
             return super().forward(input, hx)
         if input.dim() not in (2, 3):
@@ -80,7 +85,7 @@ class GRU(_TorchGRU):
             hx = hx.unsqueeze(1)
         finals = []
         for layer in range(self.num_layers):
-            h_last, x = self._layer(layer, x, hx[layer])
+            h_last, x = _scan_layer(self, layer, x, hx[layer])
             finals.append(h_last)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
