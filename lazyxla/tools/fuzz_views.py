@@ -306,6 +306,12 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     eq = a == b
     if a.is_floating_point():
         eq = eq | (a.isnan() & b.isnan())
+        # The programs compute on small integers, exact on both sides, until a product leaves
+        # the dtype's exact-integer range (2**24 in float32): from there the rounding depends on
+        # FMA contraction and evaluation order, not on views; a few ulps are the same value.
+        eps = torch.finfo(a.dtype).eps
+        big = a.abs() >= 2 / eps
+        eq = eq | (big & ((a - b).abs() <= 4 * eps * a.abs()))
     return bool(eq.all())
 
 
