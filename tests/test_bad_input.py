@@ -142,3 +142,14 @@ def test_a_graph_that_cannot_fit_is_refused_before_it_runs():
         b.cpu()
     assert any("lazyxla: this graph's outputs and temporaries need" in n for n in e.value.__notes__)
     torch.testing.assert_close(c.cpu(), torch.full((3,), 2.0))  # the rest ran
+
+
+def test_a_view_to_a_dtype_xla_lacks_fails_where_it_is_made():
+    # complex32 (a view of float16 pairs): refused when recorded, naming the op and the line,
+    # not at the next sync
+    half = torch.arange(4.0).to(DEV).view(torch.float16).reshape(4, 2)
+    with pytest.raises(
+        TypeError, match=r"complex32 \(the result of aten::view_as_complex, at .*test_bad_input"
+    ):
+        torch.view_as_complex(half)
+    assert half.cpu().shape == (4, 2)  # nothing else is affected

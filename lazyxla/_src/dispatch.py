@@ -1053,6 +1053,7 @@ def view_kernel(
         x: torch.Tensor, vals: list[Any] | tuple
     ) -> tuple[ViewOp, TensorSpec, tuple[int, ...] | None, int, bool]:
         out_spec, stride, delta = view_layout(op, specs, vals)
+        runtime.check_dtype(out_spec.dtype, f"aten::{name.split('::')[-1]}")  # complex32 views
         statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
         in_spec = state(x).spec
         args = (Ref(0), *statics)
