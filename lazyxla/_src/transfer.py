@@ -21,7 +21,7 @@ import torch
 from . import graph, metrics, runtime, sharding
 from .ir import TensorSpec, device_data
 from .sharding import sharding_key, upload_placement
-from .tensor import HostState, LazyState, Value, defer_upload, live_states, new_tensor, read, state
+from .tensor import HostState, Value, defer_upload, live_states, new_tensor, read, state
 
 
 def upload_node(t: torch.Tensor) -> Any:
@@ -47,11 +47,16 @@ def upload(
         # A private copy: the caller's tensor stays writable; ours is read once, at the upload.
         host = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
         defer_upload(state(out), host)
+        global _deferred
+        _deferred += 1
         return out
     return new_tensor((upload_node(t), 0), spec, stride)
 
 
 _NO_VALUE: Value = (device_data(None, TensorSpec((), torch.float32)), 0)  # replaced at once
+# Tensors deferred since the last `sync_host_data`: a sync walks the live tensors for them only
+# when there can be some (every one deferred before it was uploaded then).
+_deferred = 0
 
 
 def resolve_host(s: HostState, placement: Any) -> Value:
@@ -71,16 +76,15 @@ def resolve_host(s: HostState, placement: Any) -> Value:
 def sync_host_data() -> None:
     """A sync's upload of every deferred live tensor, replicated (torch_xla's
     `SyncTensorsToData`; Note [SPMD virtual device])."""
+    global _deferred
+    if not _deferred:
+        return
     hosts = [s for s in live_states() if type(s) is HostState]
     if hosts:
         metrics.counter_inc("SyncTensorsToData", len(hosts))
         for s in hosts:
             resolve_host(s, None)
-
-
-def is_host(s: LazyState) -> bool:
-    """Whether `s` still holds its data on the host (Note [SPMD virtual device])."""
-    return type(s) is HostState
+    _deferred = 0
 
 
 def materialize(t: torch.Tensor) -> Any:
