@@ -67,16 +67,19 @@ def _sharded() -> bool:
 
 
 def _moves_over_data(v: tuple[Node, int], moves: frozenset[str]) -> bool:
-    order = post_order([v[0]])
-    if len(order) > 4 * _MAX_NODES:
+    if v[0].op not in moves:
         return False
-    return all(n.op in moves or n.op == DEVICE_DATA for n in order) and v[0].op in moves
+    order = post_order([v[0]], limit=4 * _MAX_NODES)
+    if order is None:
+        return False
+    return all(n.op in moves or n.op == DEVICE_DATA for n in order)
 
 
 def _evaluate_and_bind(states: list[LazyState], max_elements: int, exact_only: bool = False):
     roots = [x.value for x in states]
-    order = post_order([n for n, _ in roots])
-    if len(order) > (_MAX_NODES if exact_only else 4 * _MAX_NODES):
+    most = _MAX_NODES if exact_only else 4 * _MAX_NODES
+    order = post_order([n for n, _ in roots], limit=most)
+    if order is None:
         return False
     for n in order:
         if n.op == SCALAR or n.op == CONSTANT:

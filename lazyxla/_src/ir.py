@@ -331,10 +331,13 @@ def _static_str(v: Any) -> str:
     return str(v)
 
 
-def post_order(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
+def post_order(
+    roots: list[Node], stop: Callable[[Node], bool] | None = None, limit: int | None = None
+) -> list[Node] | None:
     """Nodes reachable from `roots`, inputs before users, in torch_xla's visiting order.
 
-    Nodes for which `stop` is true are kept as leaves: their inputs are not visited.
+    Nodes for which `stop` is true are kept as leaves: their inputs are not visited. With a
+    `limit`: None as soon as more than `limit` nodes are reached (a larger graph is not walked).
     """
     order: list[Node] = []
     seen: set[int] = set()
@@ -350,6 +353,8 @@ def post_order(roots: list[Node], stop: Callable[[Node], bool] | None = None) ->
             if id(node) in seen:
                 continue
             seen.add(id(node))
+            if limit is not None and len(seen) > limit:
+                return None
             if stop is not None and stop(node):
                 order.append(node)
                 continue

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from . import metrics
+from . import dispatch, metrics
 from .config import FLAGS
 from .dispatch import (
     _METADATA_INPLACE,
@@ -62,6 +62,9 @@ from .tensor import check_device, new_tensor, read, storage_nbytes
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
 _EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout)
+_Tensor = torch.Tensor
+_now = time.perf_counter_ns
+_tracing = dispatch._tracing  # (the timing `_trace` sums, inlined on the replay paths)
 
 
 def _plan_key(
@@ -78,6 +81,17 @@ def _plan_key(
     # the cheap, common cases (Python numbers, None, bools) are tested first, by type.
     for k, v in zip(kinds, vals):
         t = type(v)
+        if t is _Tensor and k == TENSOR:  # the common case first: a plain tensor argument
+            s = getattr(v.untyped_storage(), "_lx", None)
+            if s is not None:
+                if ref is None:
+                    ref = v
+                states.append(s)
+                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
+                key.append(s.spec if s.base is None else (s.spec, v.stride()))
+                if s.stride is not None:
+                    key.append(s.stride)
+                continue
         if t is float or t is int:
             if k == STATIC:
                 if t is float:
@@ -169,7 +183,18 @@ def _plan_key(
 class _Plan:
     """What a call of one signature records (Note [Recording plans])."""
 
-    __slots__ = ("name", "rule", "sources", "args", "kwargs", "specs", "desc", "aten", "outputs")
+    __slots__ = (
+        "name",
+        "rule",
+        "sources",
+        "unary",
+        "args",
+        "kwargs",
+        "specs",
+        "desc",
+        "aten",
+        "outputs",
+    )
 
     def __init__(
         self,
@@ -211,6 +236,7 @@ class _Plan:
         self.name = node.op
         self.rule = node.rule
         self.sources = tuple(sources)
+        self.unary = self.sources == ((None, None),)
         self.args = node.args
         self.kwargs = node.kwargs
         self.specs = node.specs
@@ -224,7 +250,22 @@ class _Plan:
             self.outputs = (out_struct, strides, None)
 
     def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
-        node = self.node(vals, items, states)
+        if self.unary:  # one lazy tensor in, nothing lifted: `node` without its loop
+            s = states[0]
+            b = s.base
+            value = s.value if b is None or s.seen == b.version else read(s)
+            node = node_with_desc(
+                self.name,
+                self.rule,
+                (value,),
+                self.args,
+                self.kwargs,
+                self.specs,
+                self.desc,
+                self.aten,
+            )
+        else:
+            node = self.node(vals, items, states)
         struct, stride, nbytes = self.outputs
         if nbytes is not None:
             return new_tensor((node, 0), struct, stride, nbytes)
@@ -283,25 +324,32 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     plans: dict[tuple, _Plan | None] = {}
 
     nargs = len(specs)
+    defaults = tuple(s.default for s in specs)
     counters = metrics._counters
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter_ns()
+        t0 = _now()
         counters[counter] = counters.get(counter, 0) + 1
         key = None
         vals: Any = None
         if planned and not FLAGS.ir_debug:
             items: list[Any] = []
             states: list[Any] = []
-            # See Note [Recording plans]; a call with every argument positional needs no bind
-            full = not kwargs and len(args) == nargs
-            vals = args if full else bind(specs, args, kwargs)
+            # See Note [Recording plans]; a call without keyword arguments needs no bind: the
+            # dispatcher leaves out only trailing arguments at their defaults
+            full = not kwargs
+            vals = (
+                (args if len(args) == nargs else args + defaults[len(args) :])
+                if full
+                else bind(specs, args, kwargs)
+            )
             key = _plan_key(kinds, vals, items, states)
             if key is not None:
                 plan = plans.get(key)
                 if plan is not None:
                     out = plan.run(vals, items, states)
-                    _trace(t0)
+                    _tracing[0] += _now() - t0  # `_trace`, inlined
+                    _tracing[1] += 1
                     return out
             if full:
                 vals = None
@@ -365,6 +413,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     w = writes[0]
     many = specs[w].is_list_write  # a foreach op: one output per tensor of its first list
     nargs = len(specs)
+    defaults = tuple(s.default for s in specs)
     stores = name in STORES_SCALAR
     returns_self = len(op._schema.returns) > 0
     plans: dict[tuple, _Plan | None] = {}
@@ -373,9 +422,11 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if FLAGS.ir_debug:
             return slow(*args, **kwargs)
-        t0 = time.perf_counter_ns()
-        full = not kwargs and len(args) == nargs
-        vals = args if full else bind(specs, args, kwargs)
+        t0 = _now()
+        if kwargs:
+            vals = bind(specs, args, kwargs)
+        else:  # (the dispatcher leaves out only trailing arguments at their defaults)
+            vals = args if len(args) == nargs else args + defaults[len(args) :]
         items: list[Any] = []
         states: list[Any] = []
         key = _plan_key(fkinds, vals, items, states)
@@ -422,7 +473,8 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         for i, ts in enumerate(targets):  # `write` to a base
             ts.value = (node, i)
             ts.version += 1
-        _trace(t0)
+        _tracing[0] += _now() - t0  # `_trace`, inlined
+        _tracing[1] += 1
         return target if returns_self else None
 
     kernel.__name__ = f"lazyxla_{op._schema.name.split('::')[1]}"

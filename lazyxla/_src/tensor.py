@@ -62,6 +62,7 @@ from .ir import DEVICE_DATA, Node, TensorSpec
 DEVICE_TYPE = "jax"
 
 Value = tuple[Node, int]
+_weakref = weakref.ref
 
 
 class ViewOp:
@@ -100,7 +101,9 @@ class LazyState:
     )
 
     def __init__(self, value: Value, spec: TensorSpec, stride: tuple[int, ...] | None) -> None:
-        self.seq = next(_seq)  # creation order: a sync's roots are ordered by it (stable keys)
+        self.seq = seq = next(
+            _seq
+        )  # creation order: a sync's roots are ordered by it (stable keys)
         self.value = value
         self.spec = spec
         self.stride = stride  # a base's strides when not contiguous: its storage order
@@ -111,7 +114,7 @@ class LazyState:
         self.version = 0
         self.seen = 0
         self.sharding: Any = None  # a sharding.ShardingAnnotation set by mark_sharding
-        _live[self.seq] = weakref.ref(self)
+        _live[seq] = _weakref(self)
         if len(_live) > _prune_at[0]:
             _prune()
 
