@@ -95,6 +95,61 @@ def test_plans_do_not_add_compiles():
     assert metrics.counter_value("UncachedCompile") == c0
 
 
+def _factories(d: torch.device | str) -> list[torch.Tensor]:
+    return [
+        torch.arange(5, device=d),
+        torch.arange(2, 9, device=d),  # other ints: another shape, another signature
+        torch.arange(2, 9, 3, device=d),
+        torch.arange(4, dtype=torch.float32, device=d),
+        torch.full((2, 3), 1.5, device=d),  # no dtype: the default dtype's
+        torch.full((2, 3), 2, device=d),  # an int fill: int64
+        torch.full((2, 3), True, device=d),
+        torch.full((2, 3), -0.0, device=d),
+        torch.zeros(3, device=d),
+        torch.ones(2, 2, dtype=torch.int32, device=d),
+        torch.scalar_tensor(2.5, device=d),
+        torch.scalar_tensor(7, dtype=torch.int64, device=d),
+        torch.empty(0, device=d),
+    ]
+
+
+def _numbers(i: torch.Tensor) -> list[torch.Tensor]:
+    """Ops whose result dtype is the default dtype: a Python float against integers."""
+    return [i * 2.5, i + 1.5, 0.5 - i, torch.where(i > 1, i, 2.5), i.float() * 2.5, i * 2]
+
+
+def test_factory_plans_like_eager():
+    """Factories (ops with a device argument) replay plans too: their signature holds the device
+    and the default dtype, which types a result given no dtype. So does an op on a Python float
+    and an integer tensor (it typed its result float32 after `set_default_dtype(float64)`)."""
+    i = torch.tensor([1, 2, 3])
+    for default in (torch.float32, torch.float64, torch.float32):
+        with _default_dtype(default):
+            ref = _factories("cpu") + _numbers(i)
+            for _ in range(2):
+                out = _factories(DEV) + _numbers(i.to(DEV))
+                for r, o in zip(ref, out, strict=True):
+                    assert o.dtype == r.dtype and o.shape == r.shape, (o, r)
+                    o = o.cpu()
+                    assert torch.equal(o, r) and torch.equal(torch.signbit(o), torch.signbit(r))
+    # a second lazyxla device is refused on a replayed call too (Note [Recording plans])
+    torch.zeros(3, device=DEV)
+    with pytest.raises(RuntimeError, match="one device per process"):
+        torch.zeros(3, device=torch.device(DEV.type, 1))
+
+
+class _default_dtype:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        self.old = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_default_dtype(self.old)
+
+
 def _views(x: torch.Tensor) -> list[torch.Tensor]:
     out = [
         x.t(),

@@ -311,9 +311,11 @@ def infer_layout(
     tracing its lowering with `jax.eval_shape`.
     """
     # A float's value never changes a shape, unless it is a static that shapes the program
-    # (arange's end): those stay in the key.
+    # (arange's end): those stay in the key. The default dtype types a result from Python
+    # numbers (`int_tensor * 2.5`, `torch.full(size, 1.5)`): it is in the key too.
     key = (
         op,
+        torch.get_default_dtype(),
         *[
             (float, _exact(v)) if a.kind == STATIC and type(v) is float else _layout_sig(v)
             for a, v in zip(specs, vals)

@@ -55,14 +55,16 @@ from .tensor import check_device, new_tensor, read, storage_nbytes
 # A later call with the same signature only reads its tensors' values, lifts its scalars and
 # builds the node and the output tensors. The signature holds everything the slow path's choices
 # depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
-# number and a 0-d tensor promote differently; a tensor list's length), and ops with lists of
-# optional tensors, generator, device or float static arguments, random ops, and XLA_IR_DEBUG
-# (source lines) always take the slow path. Only lifted values are read from a later call: a
-# unit (a baked 0 or 1) is in the signature itself.
+# number and a 0-d tensor promote differently; a tensor list's length; a factory's device and
+# the default dtype, which types its output when no dtype is given), and ops with lists of
+# optional tensors, generator or float static arguments, random ops, and XLA_IR_DEBUG (source
+# lines) always take the slow path. Only lifted values are read from a later call: a unit (a
+# baked 0 or 1) is in the signature itself.
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
-_EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout)
+_EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout, torch.device)
 _Tensor = torch.Tensor
+_default_dtype = torch.get_default_dtype
 _now = time.perf_counter_ns
 _tracing = dispatch._tracing  # (the timing `_trace` sums, inlined on the replay paths)
 
@@ -100,8 +102,8 @@ def _plan_key(
                 continue
             # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
             key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
-            if k != SCALAR:
-                numbers = True  # a wrapped number, back as a Python scalar
+            if t is float or k != SCALAR:
+                numbers = True  # a float, or a wrapped number back as a Python scalar
         elif v is None:
             key.append(None)
         elif t is bool:
@@ -175,8 +177,8 @@ def _plan_key(
         if ref is None:
             return None
         key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
-    if numbers and ref is None:
-        key.append(torch.get_default_dtype())
+    if numbers:  # a Python float against an integer tensor (or none) takes the default dtype
+        key.append(_default_dtype())
     return tuple(key)
 
 
@@ -316,7 +318,10 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Device]"
     ]
     kinds = tuple(s.kind for s in specs)
-    planned = not lw.random and not device_args and _FAST_KINDS.issuperset(kinds)
+    planned = not lw.random and _FAST_KINDS.issuperset(kinds)
+    # A factory's (a device argument's) output dtype may come from the default dtype (`full`
+    # with a float fill value and no dtype): its signature holds the default dtype.
+    factory = bool(device_args)
     # The node's arguments call `op` in schema order unless a generator is left out or a key
     # added (Node.aten).
     aten = None if lw.random or GENERATOR in kinds else op
@@ -345,6 +350,10 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             )
             key = _plan_key(kinds, vals, items, states)
             if key is not None:
+                if factory:
+                    for i in device_args:
+                        check_device(vals[i])
+                    key = (key, _default_dtype())
                 plan = plans.get(key)
                 if plan is not None:
                     out = plan.run(vals, items, states)
