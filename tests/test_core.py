@@ -370,3 +370,17 @@ def test_graph_cache_is_bounded_lru():
         assert met.counter_value("UncachedCompile") == 4
     finally:
         config.FLAGS.set("compilation_cache_size", old)
+
+
+def test_denormals_as_xla_cpu_computes_them():
+    """A known divergence from eager, pinned so a change in XLA is noticed (README, "Differences
+    worth knowing"): XLA:CPU flushes float32/bfloat16 denormals to zero, in inputs and results;
+    float16's are kept (its math runs in float32), as are normal values next to them."""
+    f32 = torch.tensor([1e-40, 1e-38, 1.2e-38, 1.0])
+    assert (f32.to(dev) * 1.5).cpu().tolist() == [0.0, 0.0, *(f32[2:] * 1.5).tolist()]
+    bf16 = torch.tensor([1e-39, 1.0], dtype=torch.bfloat16)
+    assert (bf16.to(dev) * 1.5).cpu().tolist() == [0.0, 1.5]
+    f16 = torch.tensor([3e-5, 1e-6, 6e-8], dtype=torch.float16)
+    assert torch.equal((f16.to(dev) * 1.5).cpu(), f16 * 1.5)
+    # moving data is exact: no arithmetic, no flush
+    assert torch.equal(f32.to(dev).cpu(), f32)

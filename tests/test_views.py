@@ -311,3 +311,22 @@ def test_view_of_leaf_requires_grad_backward():
         return x.grad
 
     assert_same(run(to_lazy(leaf(x0))), run(leaf(x0)))
+
+
+def test_neg_view_holds_negated_values():
+    """`torch._neg_view` (the negation bit, like `conj()`'s conjugation bit) gives the negated
+    values on lazyxla, to read, to write through and to differentiate (it read x, not -x)."""
+
+    def prog(x):
+        n = torch._neg_view(x * 1)
+        out = [n * 1, n.clone(), n[1:] + 0.5]
+        y = x.detach().clone()
+        torch._neg_view(y).add_(1.5)  # written back negated: y - 1.5
+        out.append(y)
+        (n * torch.arange(4.0, device=x.device)).sum().backward()
+        return [o.resolve_neg() for o in out] + [x.grad]
+
+    x = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    ref = prog(leaf(x))
+    got = prog(leaf(x.to(DEV)))
+    assert_same(got, ref, exact=True)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
+from .ops.registry import _out_dtypes
 from .runtime import jnp_dtype
 
 # A program step: (kind, rule, input refs, args, kwargs, output dtypes, op name)
@@ -84,6 +85,9 @@ class Program:
                     ins = [env[p][k] for p, k in refs]
                     a = [_subst(x, ins) for x in args]
                     kw = {k: _subst(v, ins) for k, v in kwargs}
+                    # Note [Integer inputs, floating results]; restored after (a rule may run
+                    # a nested program: a scan's body, a traced graph)
+                    outer, _out_dtypes[0] = _out_dtypes[0], dtypes
                     with jax.named_scope(name.replace("::", ".")):
                         try:
                             out = rule(*a, **kw)
@@ -96,6 +100,8 @@ class Program:
                             raise LoweringError(
                                 f"lowering {name}{where} failed: {type(e).__name__}: {e}"
                             ) from e
+                        finally:
+                            _out_dtypes[0] = outer
                     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
                     outs = _flatten(outs)
                     _check_shapes(name, src, outs, shapes)

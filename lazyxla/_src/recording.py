@@ -55,11 +55,11 @@ from .tensor import check_device, new_tensor, read, storage_nbytes
 # A later call with the same signature only reads its tensors' values, lifts its scalars and
 # builds the node and the output tensors. The signature holds everything the slow path's choices
 # depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
-# number and a 0-d tensor promote differently; a tensor list's length; a factory's device and
-# the default dtype, which types its output when no dtype is given), and ops with lists of
-# optional tensors, generator or float static arguments, random ops, and XLA_IR_DEBUG (source
-# lines) always take the slow path. Only lifted values are read from a later call: a unit (a
-# baked 0 or 1) is in the signature itself.
+# number and a 0-d tensor promote differently; a tensor list's length; a factory's device; the
+# default dtype, which types the floating result of integer inputs and a factory's output given
+# no dtype), and ops with lists of optional tensors, generator or float static arguments,
+# random ops, and XLA_IR_DEBUG (source lines) always take the slow path. Only lifted values are
+# read from a later call: a unit (a baked 0 or 1) is in the signature itself.
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
 _EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout, torch.device)
@@ -78,7 +78,6 @@ def _plan_key(
     key: list[Any] = []
     ref = None
     wrapped = None
-    numbers = False
     # The kinds are the op's, fixed per position, so a position's key need not repeat its kind:
     # the cheap, common cases (Python numbers, None, bools) are tested first, by type.
     for k, v in zip(kinds, vals):
@@ -102,8 +101,6 @@ def _plan_key(
                 continue
             # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
             key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
-            if t is float or k != SCALAR:
-                numbers = True  # a float, or a wrapped number back as a Python scalar
         elif v is None:
             key.append(None)
         elif t is bool:
@@ -177,8 +174,9 @@ def _plan_key(
         if ref is None:
             return None
         key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
-    if numbers:  # a Python float against an integer tensor (or none) takes the default dtype
-        key.append(_default_dtype())
+    # The default dtype types a floating result of integer inputs (`sin(int_tensor)`,
+    # `int_tensor * 2.5`) and of a factory given no dtype.
+    key.append(_default_dtype())
     return tuple(key)
 
 
@@ -319,9 +317,6 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     ]
     kinds = tuple(s.kind for s in specs)
     planned = not lw.random and _FAST_KINDS.issuperset(kinds)
-    # A factory's (a device argument's) output dtype may come from the default dtype (`full`
-    # with a float fill value and no dtype): its signature holds the default dtype.
-    factory = bool(device_args)
     # The node's arguments call `op` in schema order unless a generator is left out or a key
     # added (Node.aten).
     aten = None if lw.random or GENERATOR in kinds else op
@@ -350,10 +345,8 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             )
             key = _plan_key(kinds, vals, items, states)
             if key is not None:
-                if factory:
-                    for i in device_args:
-                        check_device(vals[i])
-                    key = (key, _default_dtype())
+                for i in device_args:
+                    check_device(vals[i])
                 plan = plans.get(key)
                 if plan is not None:
                     out = plan.run(vals, items, states)

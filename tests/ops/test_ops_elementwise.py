@@ -275,3 +275,43 @@ def test_integer_pow_negative_exponent():
     exp = torch.tensor([-1, -2, -5, -3, -2, 3, 2])
     assert_same(torch.pow(base.to(DEV), exp.to(DEV)).cpu(), torch.pow(base, exp), exact=True)
     assert_same(torch.pow(2, exp.to(DEV)).cpu(), torch.pow(2, exp), exact=True)
+
+
+# Note [Integer inputs, floating results]: integer and bool inputs computed in the result's dtype.
+INT_TO_FLOAT = {
+    "sin": torch.sin,
+    "sqrt": torch.sqrt,
+    "sigmoid": torch.sigmoid,
+    "exp(bool)": lambda i: torch.exp(i > 2),
+    "div": lambda i: i / 3,
+    "true_divide": lambda i: torch.true_divide(i, 7),
+    "rdiv": lambda i: 1 / (i + 1),
+    "atan2": lambda i: torch.atan2(i, i + 3),
+    "clamp": lambda i: torch.clamp(i, 0.5, 2.5),
+    "clamp_min": lambda i: torch.clamp(i, min=-0.5),
+    "clamp_max": lambda i: torch.clamp(i, max=2.5),
+    "clamp tensors": lambda i: torch.clamp(i, torch.tensor(0.25), torch.tensor(2.75)),
+    "clip": lambda i: torch.clip(i, -1.5, 1.5),
+    "int*float": lambda i: i * 2.1,
+    "float-int": lambda i: 0.1 - i,
+}
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(INT_TO_FLOAT))
+def test_integer_inputs_compute_in_the_result_dtype(name, default):
+    """Eager computes these in the float result's dtype: float32, or float64 under that default
+    dtype (they gave float64 results with float32 precision, and clamp cast its float bounds to
+    the integer dtype)."""
+    fn = INT_TO_FLOAT[name]
+    i = torch.arange(-3, 5)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        ref = fn(i)
+        out = fn(i.to(DEV)).cpu()
+    finally:
+        torch.set_default_dtype(old)
+    assert out.dtype == ref.dtype == default
+    eps = torch.finfo(default).eps  # a few ulps of libm vs XLA, far below float32's in float64
+    torch.testing.assert_close(out, ref, rtol=4 * eps, atol=4 * eps, equal_nan=True)

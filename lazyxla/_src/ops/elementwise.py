@@ -7,7 +7,15 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import float_operand, is_const, lowering, register, to_opmath
+from .registry import (
+    float_operand,
+    floating_result,
+    is_const,
+    lowering,
+    out_dtype,
+    register,
+    to_opmath,
+)
 
 aten = torch.ops.aten
 
@@ -120,7 +128,8 @@ def _sign(x: jax.Array) -> jax.Array:
 
 
 # Unary ops whose integer/bool input keeps its dtype; every other one computes an integer or bool
-# input in float32, as eager does (sigmoid(int64) is float32).
+# input in its float result dtype, as eager does (sigmoid(int64) is float32, or float64 under
+# that default dtype: Note [Integer inputs, floating results]).
 _KEEPS_INT = {
     aten.abs.default,
     aten.neg.default,
@@ -139,8 +148,7 @@ _KEEPS_INT = {
 }
 
 
-def _float_in(x):
-    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+_float_in = floating_result
 
 
 for _op, _fn in _UNARY.items():
@@ -233,7 +241,7 @@ def _true_divide(x, y):
 def _div(x, y, rounding_mode=None):
     if rounding_mode is None:
         if not jnp.issubdtype(jnp.result_type(x, y), jnp.inexact):
-            x = jnp.asarray(x, jnp.float32)
+            x = floating_result(jnp.asarray(x))
         return _true_divide(x, y)
     q = jnp.true_divide(x, y) if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) else None
     if rounding_mode == "trunc":
@@ -320,6 +328,7 @@ def where(cond, x, y):
 
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
+    x = _in_result_dtype(x)
     if min is not None:
         x = jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
     if max is not None:
@@ -329,12 +338,21 @@ def clamp(x, min=None, max=None):
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(x, min):
+    x = _in_result_dtype(x)
     return jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(x, max):
+    x = _in_result_dtype(x)
     return jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
+
+
+def _in_result_dtype(x):
+    """An integer `x` clamped to float bounds is clamped in the float result dtype, as eager
+    does (Note [Integer inputs, floating results])."""
+    dt = out_dtype()
+    return x.astype(dt) if dt is not None and dt != x.dtype else x
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)

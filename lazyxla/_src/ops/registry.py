@@ -88,11 +88,39 @@ def with_opmath(rule: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+# Note [Integer inputs, floating results]
+# An op that computes a floating result from integer or bool inputs (`sin(int_tensor)`,
+# `int_tensor / 3`, `clamp(int_tensor, 0.5, 2.5)`) computes in its *result's* dtype, as eager
+# does: float32 by default, float64 after `torch.set_default_dtype(torch.float64)`. The result
+# dtype is PyTorch's, recorded on the node; the interpreter (lower.py) makes it readable to the
+# rule it is running through `out_dtype()`. (A rule that computed ints in float32 regardless gave
+# float64 results with float32 precision, and clamp cast float bounds to the integer dtype: 2.5 to
+# 2.)
+_out_dtypes: list[tuple] = [()]
+
+
+def out_dtype(i: int = 0) -> Any:
+    """The jnp dtype of output `i` of the node whose rule is running (Note [Integer inputs,
+    floating results]); None outside the interpreter."""
+    dts = _out_dtypes[0]
+    return dts[i] if i < len(dts) else None
+
+
+def floating_result(x: Any) -> Any:
+    """`x`, an integer or bool array cast to the node's floating result dtype (float32 when the
+    result is not floating); floating arrays unchanged."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    dt = out_dtype()
+    return x.astype(dt if dt is not None and jnp.issubdtype(dt, jnp.floating) else jnp.float32)
+
+
 def float_operand(x: Any) -> Any:
-    """Reduced-precision floats computed in float32 (PyTorch's opmath); ints promoted to float."""
-    if x.dtype in _LOW or not jnp.issubdtype(x.dtype, jnp.inexact):
+    """Reduced-precision floats computed in float32 (PyTorch's opmath); ints promoted to the
+    result's float dtype (Note [Integer inputs, floating results])."""
+    if x.dtype in _LOW:
         return x.astype(jnp.float32)
-    return x
+    return floating_result(x)
 
 
 def wrap_dim(dim: int, n: int) -> int:

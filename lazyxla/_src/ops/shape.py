@@ -489,6 +489,14 @@ def _conj(x):
     return jnp.conj(x)
 
 
+# The same for the negation bit (`torch._neg_view`, which PyTorch also uses inside some of its
+# composite ops): the view holds the negated values. (With the bit set, copies and reads of the
+# view ignored it: `torch._neg_view(x) * 1` read x, not -x.)
+@view_op(aten._neg_view.default, scatter=lambda parent, new: jnp.negative(new).astype(parent.dtype))
+def _neg_view(x):
+    return jnp.negative(x)
+
+
 @lowering(aten.unfold_backward.default)
 def unfold_backward(grad, input_sizes, dim, size, step):
     """The adjoint of unfold: each window's gradient added back where the window was read."""
