@@ -153,3 +153,45 @@ def test_a_view_to_a_dtype_xla_lacks_fails_where_it_is_made():
     ):
         torch.view_as_complex(half)
     assert half.cpu().shape == (4, 2)  # nothing else is affected
+
+
+_I = torch.tensor([1, 2, 3])
+_B = torch.tensor([True, False, True])
+_C = torch.tensor([1 + 1j, 2j, -1.0])
+_F = torch.tensor([0.5, 1.5, -2.0])
+_H = _F.half()
+
+# Calls eager's CPU kernels refuse though the meta kernels accept them (Note [Eager probes of
+# pointwise ops]): lazyxla computed a value for each.
+EAGER_REFUSES = {
+    "bool - bool": lambda b, i, c, f, h: b - b,
+    "bool - int": lambda b, i, c, f, h: b - i,
+    "rsub(int, bool)": lambda b, i, c, f, h: torch.rsub(i, b),
+    "clamp complex": lambda b, i, c, f, h: torch.clamp(c, min=0.0),
+    "maximum complex": lambda b, i, c, f, h: torch.maximum(c, c),
+    "lt complex": lambda b, i, c, f, h: c < c,
+    "remainder complex": lambda b, i, c, f, h: c % c,
+    "floor_divide complex": lambda b, i, c, f, h: c // 2,
+    "atan2 complex": lambda b, i, c, f, h: torch.atan2(c, c),
+    "hypot int": lambda b, i, c, f, h: torch.hypot(i, i),
+    "heaviside mixed dtypes": lambda b, i, c, f, h: torch.heaviside(f, h),
+    "lerp mixed dtypes": lambda b, i, c, f, h: torch.lerp(f, h.float().half(), 0.5),
+    "addcmul bool": lambda b, i, c, f, h: torch.addcmul(b, b, b),
+    "shift float": lambda b, i, c, f, h: torch.bitwise_left_shift(f, i),
+    "int % 0": lambda b, i, c, f, h: i % 0,
+    "argmax bool": lambda b, i, c, f, h: b.argmax(),
+    "int ** -1": lambda b, i, c, f, h: i**-1,
+}
+
+
+@pytest.mark.parametrize("name", list(EAGER_REFUSES))
+def test_what_eager_refuses_is_refused_with_its_error(name):
+    fn = EAGER_REFUSES[name]
+    cpu = (_B, _I, _C, _F, _H)
+    with pytest.raises(Exception) as eager:
+        fn(*cpu)
+    for _ in range(2):  # the second call of the signature too (nothing cached)
+        with pytest.raises(type(eager.value), match=re.escape(str(eager.value))):
+            fn(*(t.to(DEV) for t in cpu))
+    # the valid calls of the same ops still run
+    torch.testing.assert_close((_I.to(DEV) - _I.to(DEV)).cpu(), _I - _I)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -246,6 +247,85 @@ def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
         raise IndexError("index is out of bounds for dimension with size 0")
 
 
+# Note [Eager probes of pointwise ops]
+# Eager's CPU kernels of pointwise ops and reductions refuse dtypes their meta kernels accept:
+# `bool - bool` ("Subtraction, the `-` operator, with two bool tensors is not supported"),
+# `clamp`, `maximum`, `lt`, `remainder`, `atan2` of complex tensors, `heaviside` or `lerp` of
+# mixed dtypes, `hypot` of integers, `pow(int_tensor, -1)`, `argmax` of bools. Recorded with the
+# meta kernel alone, lazyxla computed something for each. So the first call of each signature of
+# such an op (the meta cache's miss) also runs the op eagerly on one-element CPU tensors of the
+# same dtypes and dimensionality, with the same scalars: where eager raises, the op raises eager's
+# error, where it is recorded. (Reductions' static arguments are only dims, keepdim, dtype,
+# correction and p: valid on size-1 dimensions exactly when on the real ones.) Ones as values keep
+# value-dependent errors out (an integer division by a zero tensor raises in eager only for its
+# data); random ops and dtypes eager's CPU kernels lack but XLA has (uint16/32/64, float8) are not
+# probed. A value checked on a lifted scalar (`int_tensor ** -3` after `int_tensor ** 2` made a
+# recording plan) is not probed again.
+_UNPROBED_DTYPES = frozenset(
+    (torch.uint16, torch.uint32, torch.uint64, torch.complex32)
+    + tuple(getattr(torch, n) for n in dir(torch) if n.startswith("float8_"))
+)
+
+
+# Pointwise ops PyTorch does not tag as such.
+_UNTAGGED_POINTWISE = frozenset((_aten.rsub.Tensor, _aten.floor_divide.default))
+
+
+@functools.cache
+def _probed(op: OpOverload) -> bool:
+    tags = op.tags
+    return (
+        (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or op in _UNTAGGED_POINTWISE)
+        and torch.Tag.nondeterministic_seeded not in tags
+        and not any(
+            "Device" in str(a.type) or "Generator" in str(a.type) for a in op._schema.arguments
+        )
+    )
+
+
+def _probe_value(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.device.type != DEVICE_TYPE:
+            return v
+        if v.dtype in _UNPROBED_DTYPES:
+            raise _NoProbe
+        return torch.ones((1,) * v.dim(), dtype=v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_probe_value(x) for x in v)
+    return v
+
+
+class _NoProbe(Exception):
+    pass
+
+
+def _eager_probe(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> None:
+    """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
+    ops])."""
+    try:
+        args, kwargs = [], {}
+        for s, v in zip(specs, vals):
+            if s.kwarg_only:
+                kwargs[s.name] = _probe_value(v)
+            else:
+                args.append(_probe_value(v))
+    except _NoProbe:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the op itself warns where eager would
+            op(*args, **kwargs)
+    except NotImplementedError as e:
+        raise EagerRefused(*e.args) from None  # (not taken for a data-dependent shape)
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise type(e)(*e.args) from None
+
+
+class EagerRefused(NotImplementedError):
+    """Eager's "not implemented for 'ComplexFloat'": the dtype is refused, the op is not missing
+    (a kernel's NotImplementedError from the meta call means a data-dependent output shape)."""
+
+
 # Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
 _EAGER_CHECKS = {
     _aten.index_put.default: _check_index_count,
@@ -327,6 +407,8 @@ def infer_layout(
     check = _EAGER_CHECKS.get(op)
     if check is not None:
         check(op, vals)
+    if _probed(op):
+        _eager_probe(op, specs, vals)
     try:
         meta = _meta_call(op, specs, vals)
         out = _cpu_specs(op, vals, _meta_specs(meta))
@@ -484,14 +566,32 @@ _LOW_FLOATS = (torch.bfloat16, torch.float16)
 STORES_SCALAR = frozenset(("aten::full", "aten::full_like", "aten::fill", "aten::new_full"))
 
 
+# Note [Integer scalars of floating results]
+# A Python int (or 0-d integer tensor) against an integer tensor promotes to the tensor's dtype,
+# and is lifted at it: `uint8_tensor + (-1)` wraps -1 to 255, as eager's uint8 add does. But an op
+# that computes a floating result from integer operands (`uint8_tensor / -3`, `copysign`,
+# `int8_tensor / 300`) converts each operand from its own value to the float result dtype: eager
+# divides by -3.0, and the lifted scalar wrapped to 253 divided by 253 instead. So a scalar whose
+# promotion is integral is lifted at the node's result dtype when that is floating.
+
+
+def _is_floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
 class Recorder:
     """Turns one call's arguments into (inputs, template) for a node."""
 
-    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores")
+    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores", "floating")
 
-    def __init__(self, ref: torch.Tensor | None, op: str = "") -> None:
+    def __init__(
+        self, ref: torch.Tensor | None, op: str = "", result: torch.dtype | None = None
+    ) -> None:
         self.inputs: list[tuple[Node, int]] = []
         self.ref = ref  # the tensor whose dtype anchors lifted scalars' dtypes
+        # A floating result of integer operands (true division): Note [Integer scalars of
+        # floating results].
+        self.floating = result if result is not None and _is_floating(result) else None
         # Whether this op reads its bf16/fp16 scalars at float32 (Note [Scalar precision]).
         self.opmath = op in _OPMATH_SCALARS
         self.opmath_other = op in _OPMATH_OTHER
@@ -507,7 +607,7 @@ class Recorder:
             self.inputs.append(read(state(t)))
             return Ref(len(self.inputs) - 1)
         if t.dim() == 0:
-            dtype = torch.result_type(self.ref, t) if self.ref is not None else t.dtype
+            dtype = self._promoted(t) if self.ref is not None else t.dtype
             value = t.item()
             if _is_unit(value):
                 return value
@@ -539,11 +639,19 @@ class Recorder:
             return Ref(len(self.inputs) - 1)
         return self._lift(v, dtype, self.opmath)
 
+    def _promoted(self, v: Any) -> torch.dtype:
+        """The dtype `v` (a Python number or 0-d CPU tensor) is lifted at: its promotion with
+        the anchoring tensor, or the floating result an integer promotion computes in."""
+        dtype = torch.result_type(self.ref, v)
+        if self.floating is not None and not _is_floating(dtype):
+            return self.floating
+        return dtype
+
     def _lift(self, v: Any, dtype: torch.dtype, opmath: bool) -> Any:
         if v is None or isinstance(v, bool) or _is_unit(v) or not isinstance(v, (int, float)):
             return v
         if self.ref is not None:
-            dtype = torch.result_type(self.ref, v)
+            dtype = self._promoted(v)
         if opmath and dtype in _LOW_FLOATS:
             dtype = torch.float32  # Note [Scalar precision]
         self.inputs.append((scalar(v, dtype), 0))
@@ -584,8 +692,8 @@ def record(
     # An explicit `dtype=` sets the result's dtype: scalars are lifted at it (full_like(bf16,
     # v, dtype=float64) keeps v's float64 value), not promoted with the input tensor.
     explicit_dtype = dtype_arg is not None and vals[dtype_arg] is not None
-    rec = Recorder(None if explicit_dtype else _first_tensor(vals, specs), name)
     lift_dtype = flat[0].dtype if flat else torch.float32
+    rec = Recorder(None if explicit_dtype else _first_tensor(vals, specs), name, lift_dtype)
     args: list[Any] = []
     kwargs: list[tuple[str, Any]] = []
     for s, v in zip(specs, vals):

@@ -29,6 +29,7 @@ from .dispatch import (
     TENSOR,
     TENSOR_LIST,
     ArgSpec,
+    EagerRefused,
     _counter_name,
     _dtype_arg,
     _is_unit,
@@ -361,6 +362,8 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             check_device(vals[i])
         try:
             out_struct, strides = infer_layout(op, specs, vals, lw)
+        except EagerRefused:
+            raise
         except NotImplementedError:
             # A data-dependent output shape (x[bool_mask]): nothing static to record; CPU fallback.
             from .fallback import cpu_fallback

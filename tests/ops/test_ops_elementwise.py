@@ -315,3 +315,37 @@ def test_integer_inputs_compute_in_the_result_dtype(name, default):
     assert out.dtype == ref.dtype == default
     eps = torch.finfo(default).eps  # a few ulps of libm vs XLA, far below float32's in float64
     torch.testing.assert_close(out, ref, rtol=4 * eps, atol=4 * eps, equal_nan=True)
+
+
+_U8 = torch.tensor([0, 3, 200, 255], dtype=torch.uint8)
+_I8 = torch.tensor([-128, -1, 3, 127], dtype=torch.int8)
+
+# Note [Integer scalars of floating results]: the scalar keeps its value (it was wrapped to the
+# tensor's dtype: u8 / -3 divided by 253); Note [Booleans times a value]: IEEE's inf * False.
+SCALAR_EDGE = {
+    "u8 / -3": lambda u, i, b, f: u / -3,
+    "-3 / u8": lambda u, i, b, f: -3 / u,
+    "i8 / 300": lambda u, i, b, f: i / 300,
+    "u8 true_divide 300": lambda u, i, b, f: torch.true_divide(u, 300),
+    "copysign(u8, -3)": lambda u, i, b, f: torch.copysign(u, -3),
+    "u8 + -1 (wraps)": lambda u, i, b, f: u + -1,
+    "i8 * 300 (wraps)": lambda u, i, b, f: i * 300,
+    "u8 > -3": lambda u, i, b, f: u > -3,
+    "bool * inf": lambda u, i, b, f: b * f,
+    "inf * bool": lambda u, i, b, f: f * b,
+    "mask.float() * x": lambda u, i, b, f: b.float() * f,
+    "mask.to(bf16) * x": lambda u, i, b, f: b.to(torch.bfloat16) * f.bfloat16(),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALAR_EDGE))
+def test_integer_scalars_and_bool_products_like_eager(name):
+    fn = SCALAR_EDGE[name]
+    b = torch.tensor([True, False, True, False])
+    f = torch.tensor([1.0, float("inf"), -3.0, -3.0])
+    ref = fn(_U8, _I8, b, f)
+    out = fn(_U8.to(DEV), _I8.to(DEV), b.to(DEV), f.to(DEV)).cpu()
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    nan = torch.isnan(ref)  # -0.0 where eager has it (False * -3.0); a NaN's sign is noise
+    assert torch.equal(torch.signbit(out[~nan]), torch.signbit(ref[~nan]))

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from ..runtime import jnp_dtype
-from .registry import lowering
+from .registry import bool_to, lowering
 
 aten = torch.ops.aten
 
 
 def convert_rule(x: Any, dtype: torch.dtype) -> Any:
-    return x.astype(jnp_dtype(dtype))
+    return bool_to(x, jnp_dtype(dtype))
 
 
 def expand_rule(x: Any, size: tuple[int, ...], implicit: bool = False) -> Any:

@@ -8,6 +8,7 @@ import torch
 from jax import lax
 
 from .registry import (
+    bool_to,
     float_operand,
     floating_result,
     is_const,
@@ -79,9 +80,20 @@ _UNARY = {
     aten.i0.default: jax.scipy.special.i0,
 }
 
+
+def _multiply(x, y):
+    """`x * y`, a bool operand converted as eager's promotion does (Note [Booleans times a
+    value])."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if (x.dtype == jnp.bool_) != (y.dtype == jnp.bool_):
+        dt = jnp.result_type(x, y)
+        x, y = bool_to(x, dt), bool_to(y, dt)
+    return jnp.multiply(x, y)
+
+
 _BINARY = {
-    aten.mul.Tensor: jnp.multiply,
-    aten.mul.Scalar: jnp.multiply,
+    aten.mul.Tensor: _multiply,
+    aten.mul.Scalar: _multiply,
     aten.maximum.default: jnp.maximum,
     aten.minimum.default: jnp.minimum,
     aten.fmax.default: jnp.fmax,

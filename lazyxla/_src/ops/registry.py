@@ -115,6 +115,22 @@ def floating_result(x: Any) -> Any:
     return x.astype(dt if dt is not None and jnp.issubdtype(dt, jnp.floating) else jnp.float32)
 
 
+# Note [Booleans times a value]
+# XLA's algebraic simplifier rewrites `convert(pred) * x` as `select(pred, x, 0)`. For an x of
+# inf or NaN that gives 0 where IEEE (and eager: `mask.float() * x`, `bool_tensor * x`) gives NaN,
+# and +0.0 where eager gives -0.0 for a negative x: masking a tensor that holds -inf hid the NaN
+# eager shows. A bool is therefore converted to a floating dtype as `select(pred, 1, 0)`, which
+# the simplifier leaves alone, so the product is IEEE's.
+
+
+def bool_to(x: Any, dt: Any) -> Any:
+    """`x.astype(dt)`, with a bool `x` converted to a float or complex `dt` as a select (Note
+    [Booleans times a value])."""
+    if x.dtype == jnp.bool_ and jnp.issubdtype(dt, jnp.inexact):
+        return jnp.where(x, jnp.ones((), dt), jnp.zeros((), dt))
+    return x.astype(dt)
+
+
 def float_operand(x: Any) -> Any:
     """Reduced-precision floats computed in float32 (PyTorch's opmath); ints promoted to the
     result's float dtype (Note [Integer inputs, floating results])."""
