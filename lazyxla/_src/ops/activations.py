@@ -23,6 +23,14 @@ def log_sigmoid_backward(grad, x, buffer):
     return float_operand(grad) * jax.nn.sigmoid(-float_operand(x))
 
 
+@lowering(aten.mish_backward.default)
+def mish_backward(grad, x):
+    # Eager CPU's kernel, in float32 (Note [Opmath]). Without a lowering, PrivateUse1 gets the op's
+    # CompositeImplicitAutograd formula, which rounds each intermediate to bf16/fp16.
+    t = jnp.tanh(jax.nn.softplus(x))
+    return grad * (t + x * jax.nn.sigmoid(x) * (1 - t * t))
+
+
 @lowering(aten.hardshrink.default)
 def hardshrink(x, lambd=0.5):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros_like(x), x)
