@@ -140,15 +140,20 @@ def test_scatter_family(name):
 
 
 # Many contributions to each of a few rows, in bf16/fp16: eager CPU adds (and multiplies) them in
-# float32 and rounds once for scatter_add, index_add, scatter_reduce and scatter_(reduce=);
-# index_put(accumulate=True) and index_reduce add in the tensor's dtype, one contribution at a
-# time; the means divide by a count accumulated in float32 and rounded to the dtype.
+# float32 and rounds once for scatter_add, scatter_reduce, scatter_(reduce=) and index_add along
+# the first or last dim of a 2+-d tensor with alpha 1; index_add otherwise, index_put(accumulate=
+# True) and index_reduce add in the tensor's dtype, one contribution at a time (Note [Scatter
+# accumulation] in lazyxla/_src/ops/indexing.py).
 _ROWS = torch.randint(0, 3, (3000,), generator=torch.Generator().manual_seed(7))
 _ROWS2 = _ROWS[:, None].expand(3000, 2).contiguous()
 LOW_PRECISION_ACCUMULATIONS = {
     "scatter_add": lambda x, v: x.scatter_add(0, _ROWS2.to(x.device), v),
     "index_add": lambda x, v: x.index_add(0, _ROWS.to(x.device), v),
     "index_add_alpha": lambda x, v: x.index_add(0, _ROWS.to(x.device), v, alpha=0.75),
+    "index_add_1d": lambda x, v: x[:, 0].index_add(0, _ROWS.to(x.device), v[:, 0]),
+    "index_add_middle_dim": lambda x, v: x.t()[..., None].index_add(
+        1, _ROWS.to(x.device), v.t()[..., None]
+    ),
     "scatter_reduce_sum": lambda x, v: x.scatter_reduce(0, _ROWS2.to(x.device), v, "sum"),
     "scatter_reduce_sum_no_self": lambda x, v: x.scatter_reduce(
         0, _ROWS2.to(x.device), v, "sum", include_self=False
