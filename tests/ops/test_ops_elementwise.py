@@ -295,3 +295,25 @@ def test_low_precision_mish_backward_rounds_once(dtype):
     # an element near a rounding tie may land one ulp apart, never more.
     ulp = torch.finfo(dtype).eps * eager.abs().clamp_min(torch.finfo(dtype).tiny)
     assert ((lazy - eager).abs() <= ulp).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["hardswish", "hardsigmoid"])
+def test_hard_activations_are_eagers_formulas(name, dtype):
+    """Bit for bit with eager, values and gradients. hardswish_backward had eager's old boundary
+    convention (x = -3 gave grad * -0.5 instead of 0, x = 3 gave 1.5 * grad instead of grad), and
+    both divided by a constant, which XLA:CPU turns into a multiply by its rounded reciprocal (a
+    nonzero gradient at x = -1.5, float32 values an ulp off; Note [Broadcast divisors])."""
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([-3.0, 3.0, -1.5, 1.5, 0.0, -6.0, 6.0, 0.75, -4.5, 2.25])
+    x = torch.cat([special, torch.randn(2000, generator=g) * 4]).to(dtype)
+    fn = getattr(F, name)
+    out = []
+    for device in ("cpu", DEV):
+        v = x.detach().to(device).requires_grad_()
+        y = fn(v)
+        (gx,) = torch.autograd.grad(y, v, torch.ones_like(v))
+        out.append((y.detach().cpu(), gx.cpu()))
+    (ey, eg), (ly, lg) = out
+    assert_same(ly, ey, exact=True)
+    assert_same(lg, eg, exact=True)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from .elementwise import _true_divide
 from .registry import axis_of, float_operand, lowering
 
 aten = torch.ops.aten
@@ -58,8 +59,10 @@ def hardsigmoid_backward(grad, x):
 
 @lowering(aten.hardswish_backward.default)
 def hardswish_backward(grad, x):
-    mid = grad * (x / 3 + 0.5)
-    return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, mid, grad))
+    # Eager's kernel: 0 up to -3 included, grad from 3 included (the one-sided derivatives PyTorch
+    # picked at the kinks), x / 3 correctly rounded (Note [Broadcast divisors]).
+    mid = grad * (_true_divide(x, 3) + 0.5)
+    return jnp.where(x <= -3, jnp.zeros_like(grad), jnp.where(x < 3, mid, grad))
 
 
 @lowering(aten.logit_backward.default)

@@ -425,14 +425,16 @@ def softplus(x, beta=1, threshold=20):
     return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
 
 
+# Eager's CPU formulas, so that float32 rounds where eager does: min(max(x + 3, 0), 6) / 6 and
+# x * that / 6, each division correctly rounded (Note [Broadcast divisors]).
 @lowering(aten.hardsigmoid.default)
 def hardsigmoid(x):
-    return jnp.clip(x / 6 + 0.5, 0, 1)
+    return _true_divide(jnp.clip(x + 3, 0, 6), 6)
 
 
 @lowering(aten.hardswish.default)
 def hardswish(x):
-    return x * jnp.clip(x / 6 + 0.5, 0, 1)
+    return _true_divide(x * jnp.clip(x + 3, 0, 6), 6)
 
 
 @lowering(aten.logit.default)
