@@ -233,3 +233,23 @@ def test_variance_no_farther_from_float64_than_eager(name, dtype):
             fin = torch.isfinite(r)
             bar = (e - r).abs() + torch.finfo(dtype).eps * r.abs()
             assert ((lz - r).abs()[fin] <= bar[fin]).all(), (lz, e, r)
+
+
+def test_float32_scans_accumulate_in_float64_like_eager():
+    """Eager CPU scans float32 in a float64 accumulator (`acc_type<float, false>`). Uniform
+    [0, 1) float32 values are multiples of 2**-24, so the float64 prefix sums of 1e5 of them are
+    exact and both round them once: bit-equal (the float32 scan was 1.4 ulps off). A float32
+    cumprod of 1e5 factors near 1 drifted 6000 ulps from float64, eager's 74."""
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(0))
+    assert_same(to_lazy(x).cumsum(0), x.cumsum(0), exact=True)
+    f = 1 + (x - 0.5) * 1e-4
+    ref = f.double().cumprod(0)
+    ulp = ref.abs().max().item() * torch.finfo(torch.float32).eps
+    eager_err = (f.cumprod(0).double() - ref).abs().max().item() / ulp
+    lazy_err = (to_lazy(f).cumprod(0).cpu().double() - ref).abs().max().item() / ulp
+    assert lazy_err <= 2 * eager_err + 2, (lazy_err, eager_err)
+    # bf16 input, float32 scan: converted first, then scanned in float64
+    b = x[:20_000].bfloat16()
+    assert_same(
+        to_lazy(b).cumsum(0, dtype=torch.float32), b.cumsum(0, dtype=torch.float32), exact=True
+    )
