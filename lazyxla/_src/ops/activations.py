@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .elementwise import _true_divide
+from .elementwise import _true_divide, logit_steps
 from .registry import axis_of, float_operand, lowering
 
 aten = torch.ops.aten
@@ -65,12 +65,13 @@ def hardswish_backward(grad, x):
     return jnp.where(x <= -3, jnp.zeros_like(grad), jnp.where(x < 3, mid, grad))
 
 
-@lowering(aten.logit_backward.default)
+@lowering(aten.logit_backward.default, opmath=False)
 def logit_backward(grad, x, eps=None):
-    g = grad / (x * (1 - x))
-    if eps is None:
+    x, r, bounds = logit_steps(x, eps)  # eager's per-step rounding (elementwise.logit_steps)
+    g = grad.astype(x.dtype) / r(x * r(1 - x))
+    if bounds is None:
         return jnp.where((x < 0) | (x > 1), jnp.nan, g)
-    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), g)
+    return jnp.where((x < bounds[0]) | (x > bounds[1]), jnp.zeros_like(g), g)
 
 
 @lowering(aten.glu.default)
