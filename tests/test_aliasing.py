@@ -155,6 +155,76 @@ def test_unfold_is_a_view():
         _m().to(DEV).unfold(1, 2, 1).add_(1)
 
 
+# Note [Overlapping writes] (dispatch.py): a fill of an overlapping view, then backward. Autograd
+# (CopySlices) copies the fill's gradient, a tensor of zeros, into the same overlapping view of the
+# gradient: eager's copy_ does not refuse a target whose overlap needs more than a zero stride to
+# see, and a source of one value gives every alias the same value, so its result is defined.
+_WINDOWS = {
+    "unfold": lambda t: t.unfold(0, 4, 2),  # windows 0-3, 2-5, 4-7, 6-9: element 10 is not in one
+    "unfold_step1": lambda t: t.unfold(0, 3, 1),
+    "as_strided": lambda t: t.as_strided((3, 4), (3, 1), 1),
+}
+_FILLS = {
+    "zero_": lambda w: w.zero_(),
+    "fill_": lambda w: w.fill_(3.0),
+    "fill_negative_zero": lambda w: w.fill_(-0.0),
+    "copy_one_value": lambda w: w.copy_(torch.full((1, w.shape[1]), 2.5, device=w.device)),
+}
+
+
+def _fill_then_backward(device, window, fill):
+    x = torch.linspace(-1, 1, 11).to(device).requires_grad_()
+    t = x * 1
+    fill(window(t))
+    (t * torch.arange(11.0, device=device)).sum().backward()
+    return t.detach().cpu(), x.grad.cpu()
+
+
+@pytest.mark.parametrize("fill", list(_FILLS))
+@pytest.mark.parametrize("window", list(_WINDOWS))
+def test_fill_of_overlapping_view_then_backward(window, fill):
+    eager = _fill_then_backward("cpu", _WINDOWS[window], _FILLS[fill])
+    lazy = _fill_then_backward(DEV, _WINDOWS[window], _FILLS[fill])
+    for e, lz in zip(eager, lazy):
+        torch.testing.assert_close(lz, e, rtol=0, atol=0)
+        assert torch.equal(lz.signbit(), e.signbit())
+
+
+@pytest.mark.parametrize("window", list(_WINDOWS))
+def test_negative_zero_fill_of_overlapping_view_over_zeros(window):
+    """The write-back stores an alias whose bits changed: -0.0 over 0.0 is a change (`!=` says
+    it is not, and the base kept +0.0)."""
+    out = []
+    for device in ("cpu", DEV):
+        t = torch.zeros(11).to(device)
+        _WINDOWS[window](t).fill_(-0.0)
+        out.append(t.cpu())
+    assert torch.equal(out[1].signbit(), out[0].signbit())
+
+
+def test_fill_of_expanded_view_then_backward_raises_like_eager():
+    """A zero stride is overlap eager's copy_ sees: the gradient's copy raises there too."""
+    for device in ("cpu", DEV):
+        x = torch.ones(4).to(device).requires_grad_()
+        t = x * 1
+        t.expand(3, 4).zero_()  # a store: allowed on an expanded view
+        with pytest.raises(RuntimeError, match="more than one element"):
+            t.sum().backward()
+
+
+def test_loop_order_dependent_copy_into_overlapping_view_raises():
+    """A masked fill's gradient, or any source that can give two aliases of one location two
+    values, leaves the location to eager's loop order: lazyxla refuses it rather than pick."""
+    x = torch.arange(10.0).to(DEV).requires_grad_()
+    t = x * 1
+    t.unfold(0, 4, 2).masked_fill_(torch.tensor([True, False, True, False], device=DEV), 0)
+    with pytest.raises(RuntimeError, match="loop order"):
+        t.sum().backward()
+    w = torch.arange(10.0).to(DEV).unfold(0, 4, 2)
+    with pytest.raises(RuntimeError, match="loop order"):
+        w.copy_(torch.arange(16.0).reshape(4, 4).to(DEV))
+
+
 def test_view_dtype_reinterprets_bits():
     f = torch.tensor([1.0, -2.0])
     lz = f.to(DEV)

@@ -867,7 +867,33 @@ def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes:
 # whose input partially overlaps its target (`x.add_(x.t())`). lazyxla's layouts and data pointers
 # are eager's, so it applies the same checks (at::assert_no_internal_overlap /
 # assert_no_partial_overlap). Only views can overlap anything, so a base target costs one test.
+# Eager sees internal overlap only through a zero stride (at::has_internal_overlap answers "too
+# hard" for overlapping windows: unfold, as_strided), and then runs the op in its loop order,
+# each alias of a location overwriting the last. lazyxla refuses those in-place ops, with one
+# exception that keeps eager's result: a `copy_` whose source holds a single value (a fill, a
+# tensor of zeros, one element broadcast), which gives every alias the same value whatever the
+# order. That is the copy autograd makes (CopySlices) in the backward of a fill of such a view:
+# `t.unfold(0, 4, 2).zero_(); t.sum().backward()` copies zeros_like(grad) into the same windows
+# of the gradient. A copy whose aliases could get different values (a masked fill's gradient)
+# raises, naming the loop order, instead of picking one.
 _OVERLAP_OK = frozenset({"fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_"})
+# Nodes whose output holds one value in every element.
+_ONE_VALUE_OPS = frozenset(
+    f"aten::{name}"
+    for name in (
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "zeros",
+        "ones",
+        "full",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "fill",
+        "scalar_tensor",
+    )
+)
 
 
 def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
@@ -894,13 +920,24 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _one_value(t: torch.Tensor) -> bool:
+    """Whether every element of lazy tensor `t` is known, at record time, to hold one value."""
+    if all(n == 1 or st == 0 for n, st in zip(t.shape, t.stride())):
+        return True  # one element, broadcast
+    s = state(t)
+    return s.base is None and read(s)[0].op in _ONE_VALUE_OPS
+
+
 def check_write_overlap(target: torch.Tensor, source: torch.Tensor) -> None:
     """`copy_`'s checks (Note [Overlapping writes])."""
     ts, ss = state(target), state(source)
     if ts.base is None and ss.base is None:
         return
     if ts.base is not None and overlaps(tuple(target.shape), target.stride()):
-        raise RuntimeError(_INTERNAL_OVERLAP)
+        if any(st == 0 and n > 1 for n, st in zip(target.shape, target.stride())):
+            raise RuntimeError(_INTERNAL_OVERLAP)  # eager's check sees a zero stride
+        if not _one_value(source):
+            raise RuntimeError(_LOOP_ORDER)
     if (ts.base or ts) is (ss.base or ss) and _partial_overlap(target, source):
         raise RuntimeError(_PARTIAL_OVERLAP)
 
@@ -908,6 +945,12 @@ def check_write_overlap(target: torch.Tensor, source: torch.Tensor) -> None:
 _INTERNAL_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single "
     "memory location. Please clone() the tensor before performing the operation."
+)
+_LOOP_ORDER = (
+    "copy_ into a view whose elements share memory locations (overlapping windows: unfold, "
+    "as_strided): eager writes each location once per alias, in its loop order, so the result "
+    "depends on that order unless the source holds one value; lazyxla only takes such a source "
+    "(a fill, zeros). clone() the view first, or write the base tensor."
 )
 _PARTIAL_OVERLAP = (
     "unsupported operation: some elements of the input tensor and the written-to tensor refer "

@@ -349,3 +349,67 @@ def test_integer_scalars_and_bool_products_like_eager(name):
     torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
     nan = torch.isnan(ref)  # -0.0 where eager has it (False * -3.0); a NaN's sign is noise
     assert torch.equal(torch.signbit(out[~nan]), torch.signbit(ref[~nan]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_mish_backward_rounds_once(dtype):
+    """mish_backward has a CPU kernel (float32 math, one rounding) and a CompositeImplicitAutograd
+    formula that a backend without a kernel gets: it rounded each of its ~8 intermediates to bf16,
+    2 ulps from eager's gradient at x = 2.89 (found by the bf16 module sweep, test_modules.py)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4096, generator=g) * 3).to(dtype)
+    cot = torch.randn(4096, generator=g).to(dtype)
+    out = []
+    for device in ("cpu", DEV):
+        v = x.detach().to(device).requires_grad_()
+        F.mish(v).backward(cot.to(device))
+        out.append(v.grad.cpu().double())
+    eager, lazy = out
+    # Both compute in float32 and round once; their float32 tanh/exp differ in the last bits, so
+    # an element near a rounding tie may land one ulp apart, never more.
+    ulp = torch.finfo(dtype).eps * eager.abs().clamp_min(torch.finfo(dtype).tiny)
+    assert ((lazy - eager).abs() <= ulp).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["hardswish", "hardsigmoid"])
+def test_hard_activations_are_eagers_formulas(name, dtype):
+    """Bit for bit with eager, values and gradients. hardswish_backward had eager's old boundary
+    convention (x = -3 gave grad * -0.5 instead of 0, x = 3 gave 1.5 * grad instead of grad), and
+    both divided by a constant, which XLA:CPU turns into a multiply by its rounded reciprocal (a
+    nonzero gradient at x = -1.5, float32 values an ulp off; Note [Broadcast divisors])."""
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([-3.0, 3.0, -1.5, 1.5, 0.0, -6.0, 6.0, 0.75, -4.5, 2.25])
+    x = torch.cat([special, torch.randn(2000, generator=g) * 4]).to(dtype)
+    fn = getattr(F, name)
+    out = []
+    for device in ("cpu", DEV):
+        v = x.detach().to(device).requires_grad_()
+        y = fn(v)
+        (gx,) = torch.autograd.grad(y, v, torch.ones_like(v))
+        out.append((y.detach().cpu(), gx.cpu()))
+    (ey, eg), (ly, lg) = out
+    assert_same(ly, ey, exact=True)
+    assert_same(lg, eg, exact=True)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3, 0.05])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logit_rounds_each_step_like_eager(dtype, eps):
+    """Eager's bf16/fp16 logit and logit_backward round each step to the dtype (Vectorized
+    arithmetic), eps's bounds included: computed in float32 and rounded once, a third of the
+    values were an ulp off, and a bf16 logit(1.0, eps=1e-3) was 6.9 where eager's is inf (1 - eps
+    rounds to 1.0 in bf16). Bit-equal now, values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([0.0, 1.0, 1e-3, 0.999, 0.9991, 5e-4, 0.5, -0.1, 1.1])
+    x = torch.cat([special, torch.rand(2000, generator=g)]).to(dtype)
+    cot = torch.randn(x.shape, generator=g).to(dtype)
+    out = []
+    for device in ("cpu", DEV):
+        v = x.detach().to(device).requires_grad_()
+        y = torch.logit(v, eps=eps)
+        (gx,) = torch.autograd.grad(y, v, cot.to(device))
+        out.append((y.detach().cpu(), gx.cpu()))
+    (ey, eg), (ly, lg) = out
+    assert_same(ly, ey, exact=True)
+    assert_same(lg, eg, exact=True)

@@ -139,6 +139,69 @@ def test_scatter_family(name):
     check(SCATTERS[name], rnd(3, 4, seed=1), rnd(3, 4, seed=2))
 
 
+# Many contributions to each of a few rows, in bf16/fp16: eager CPU adds (and multiplies) them in
+# float32 and rounds once for scatter_add, scatter_reduce, scatter_(reduce=) and index_add along
+# the first or last dim of a 2+-d tensor with alpha 1; index_add otherwise, index_put(accumulate=
+# True) and index_reduce add in the tensor's dtype, one contribution at a time (Note [Scatter
+# accumulation] in lazyxla/_src/ops/indexing.py).
+_ROWS = torch.randint(0, 3, (3000,), generator=torch.Generator().manual_seed(7))
+_ROWS2 = _ROWS[:, None].expand(3000, 2).contiguous()
+LOW_PRECISION_ACCUMULATIONS = {
+    "scatter_add": lambda x, v: x.scatter_add(0, _ROWS2.to(x.device), v),
+    "index_add": lambda x, v: x.index_add(0, _ROWS.to(x.device), v),
+    "index_add_alpha": lambda x, v: x.index_add(0, _ROWS.to(x.device), v, alpha=0.75),
+    "index_add_1d": lambda x, v: x[:, 0].index_add(0, _ROWS.to(x.device), v[:, 0]),
+    "index_add_middle_dim": lambda x, v: x.t()[..., None].index_add(
+        1, _ROWS.to(x.device), v.t()[..., None]
+    ),
+    "scatter_reduce_sum": lambda x, v: x.scatter_reduce(0, _ROWS2.to(x.device), v, "sum"),
+    "scatter_reduce_sum_no_self": lambda x, v: x.scatter_reduce(
+        0, _ROWS2.to(x.device), v, "sum", include_self=False
+    ),
+    "scatter_reduce_prod": lambda x, v: x.scatter_reduce(
+        0, _ROWS2.to(x.device), 1 + v / 512, "prod"
+    ),
+    "scatter_reduce_mean": lambda x, v: x.scatter_reduce(0, _ROWS2.to(x.device), v, "mean"),
+    "scatter_reduce_mean_no_self": lambda x, v: x.scatter_reduce(
+        0, _ROWS2.to(x.device), v, "mean", include_self=False
+    ),
+    "scatter__reduce_add": lambda x, v: x.clone().scatter_(0, _ROWS2.to(x.device), v, reduce="add"),
+    "scatter__reduce_multiply": lambda x, v: x.clone().scatter_(
+        0, _ROWS2.to(x.device), 1 + v / 512, reduce="multiply"
+    ),
+    "index_put_accumulate": lambda x, v: x.index_put((_ROWS.to(x.device),), v, accumulate=True),
+    "index_reduce_mean": lambda x, v: x.index_reduce(0, _ROWS.to(x.device), v, "mean"),
+    "index_reduce_prod": lambda x, v: x.index_reduce(0, _ROWS.to(x.device), 1 + v / 512, "prod"),
+    "gather_backward": None,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(LOW_PRECISION_ACCUMULATIONS))
+def test_low_precision_scatter_accumulates_like_eager(name, dtype):
+    """Before, lazyxla added every contribution in bf16 (60 ulps from eager's float32 sum over
+    1000 contributions a row) and counted a mean's contributions in bf16, where 256 + 1 = 256."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 2, generator=g).to(dtype)
+    v = (torch.randn(3000, 2, generator=g) + 0.5).to(dtype)
+    if name == "gather_backward":  # its gradient is a scatter_add of 1000 rows into each row
+
+        def fn(x, v):
+            x = x.detach().requires_grad_()
+            x.gather(0, _ROWS2.to(x.device)).backward(v)
+            return x.grad
+
+    else:
+        fn = LOW_PRECISION_ACCUMULATIONS[name]
+    eager = fn(x, v)
+    lazy = fn(x.to(DEV), v.to(DEV)).cpu()
+    assert lazy.dtype == eager.dtype
+    # Both sum in float32 (in another order) and round once, or both add in the dtype in index
+    # order: at most one ulp apart, where a float32 sum lands next to a rounding boundary.
+    ulp = torch.finfo(dtype).eps * eager.double().abs()
+    assert ((lazy.double() - eager.double()).abs() <= ulp).all(), (lazy, eager)
+
+
 def _assign_slice(x, v):
     y = x * 1
     y[:, 1:3] = v[:, :2]

@@ -196,3 +196,74 @@ def test_histogram_edges_weights_density():
         out = torch.histogram(*to_lazy(args), **to_lazy(kwargs))
         assert_same(tuple(out), tuple(torch.histogram(*args, **kwargs)))
     assert not [n for n in met.counter_names() if n.startswith("aten::")]  # no CPU fallback
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["var", "std", "var_mean", "std_mean", "var_dim", "std_dim"])
+def test_variance_no_farther_from_float64_than_eager(name, dtype):
+    """Eager CPU accumulates var/std in float64 in every float dtype. lazyxla's float32 two-pass
+    lost the digits of a spread small against the mean (1000 + 0.01 * randn: 1.6e-4 relative
+    error, eager's 3e-8; [3e19, 3e19 +- 1e13]: 13 %, eager's 0.8 %), and std of 1e20s was inf,
+    its variance overflowing float32 (Note [Variance in float64]). Eager's full reduction
+    centres on a float32 mean, so the bar is eager's distance from float64 plus one ulp."""
+    g = torch.Generator().manual_seed(0)
+    fns = {
+        "var": lambda v: v.var(),
+        "std": lambda v: v.std(),
+        "var_mean": lambda v: torch.var_mean(v, 0),
+        "std_mean": lambda v: torch.std_mean(v, 0, correction=0),
+        "var_dim": lambda v: v.var(1),
+        "std_dim": lambda v: v.std(1),
+    }
+    big = 1e20 if dtype != torch.float16 else 1e4
+    inputs = [
+        (1000 + 0.01 * torch.randn(256, 8, generator=g)).to(dtype),
+        torch.tensor([[3e19, 3e19 + 1e13, 3e19 - 1e13, 3e19]]).to(dtype),
+        torch.tensor([[3.0, 3.0001, 2.9999, 3.0], [big, -big, 3 * big, 0.0]]).to(dtype),
+    ]
+    for x in inputs:
+        outs = [fns[name](v) for v in (x, to_lazy(x), x.double())]
+        eager, lazy, ref = ([o] if isinstance(o, torch.Tensor) else list(o) for o in outs)
+        for e, lz, r in zip(eager, lazy, ref):
+            lz = lz.cpu()
+            assert lz.dtype == e.dtype
+            r = r.to(e.dtype).double()  # the float64 result, as the dtype holds it
+            e, lz = e.double(), lz.double()
+            assert torch.equal(torch.isfinite(lz), torch.isfinite(e)), (lz, e)
+            fin = torch.isfinite(r)
+            bar = (e - r).abs() + torch.finfo(dtype).eps * r.abs()
+            assert ((lz - r).abs()[fin] <= bar[fin]).all(), (lz, e, r)
+
+
+def test_float32_scans_accumulate_in_float64_like_eager():
+    """Eager CPU scans float32 in a float64 accumulator (`acc_type<float, false>`). Uniform
+    [0, 1) float32 values are multiples of 2**-24, so the float64 prefix sums of 1e5 of them are
+    exact and both round them once: bit-equal (the float32 scan was 1.4 ulps off). A float32
+    cumprod of 1e5 factors near 1 drifted 6000 ulps from float64, eager's 74."""
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(0))
+    assert_same(to_lazy(x).cumsum(0), x.cumsum(0), exact=True)
+    f = 1 + (x - 0.5) * 1e-4
+    ref = f.double().cumprod(0)
+    ulp = ref.abs().max().item() * torch.finfo(torch.float32).eps
+    eager_err = (f.cumprod(0).double() - ref).abs().max().item() / ulp
+    lazy_err = (to_lazy(f).cumprod(0).cpu().double() - ref).abs().max().item() / ulp
+    assert lazy_err <= 2 * eager_err + 2, (lazy_err, eager_err)
+    # bf16 input, float32 scan: converted first, then scanned in float64
+    b = x[:20_000].bfloat16()
+    assert_same(
+        to_lazy(b).cumsum(0, dtype=torch.float32), b.cumsum(0, dtype=torch.float32), exact=True
+    )
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_cross_rounds_like_eager(dtype, dim):
+    """Eager's bf16/fp16 cross product rounds each product and the difference to the dtype; one
+    rounding of a float32 result differed from it in a third of the components."""
+    g = torch.Generator().manual_seed(0)
+    shape = [40, 30, 20]
+    shape[dim] = 3
+    a = torch.randn(shape, generator=g).to(dtype)
+    b = torch.randn(shape, generator=g).to(dtype)
+    out = torch.linalg.cross(to_lazy(a), to_lazy(b), dim=dim)
+    assert_same(out, torch.linalg.cross(a, b, dim=dim), exact=True)

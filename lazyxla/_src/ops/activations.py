@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from .elementwise import _true_divide, logit_steps
 from .registry import axis_of, float_operand, lowering
 
 aten = torch.ops.aten
@@ -21,6 +22,14 @@ def log_sigmoid_forward(x):
 @lowering(aten.log_sigmoid_backward.default)
 def log_sigmoid_backward(grad, x, buffer):
     return float_operand(grad) * jax.nn.sigmoid(-float_operand(x))
+
+
+@lowering(aten.mish_backward.default)
+def mish_backward(grad, x):
+    # Eager CPU's kernel, in float32 (Note [Opmath]). Without a lowering, PrivateUse1 gets the op's
+    # CompositeImplicitAutograd formula, which rounds each intermediate to bf16/fp16.
+    t = jnp.tanh(jax.nn.softplus(x))
+    return grad * (t + x * jax.nn.sigmoid(x) * (1 - t * t))
 
 
 @lowering(aten.hardshrink.default)
@@ -50,16 +59,19 @@ def hardsigmoid_backward(grad, x):
 
 @lowering(aten.hardswish_backward.default)
 def hardswish_backward(grad, x):
-    mid = grad * (x / 3 + 0.5)
-    return jnp.where(x < -3, jnp.zeros_like(grad), jnp.where(x <= 3, mid, grad))
+    # Eager's kernel: 0 up to -3 included, grad from 3 included (the one-sided derivatives PyTorch
+    # picked at the kinks), x / 3 correctly rounded (Note [Broadcast divisors]).
+    mid = grad * (_true_divide(x, 3) + 0.5)
+    return jnp.where(x <= -3, jnp.zeros_like(grad), jnp.where(x < 3, mid, grad))
 
 
-@lowering(aten.logit_backward.default)
+@lowering(aten.logit_backward.default, opmath=False)
 def logit_backward(grad, x, eps=None):
-    g = grad / (x * (1 - x))
-    if eps is None:
+    x, r, bounds = logit_steps(x, eps)  # eager's per-step rounding (elementwise.logit_steps)
+    g = grad.astype(x.dtype) / r(x * r(1 - x))
+    if bounds is None:
         return jnp.where((x < 0) | (x > 1), jnp.nan, g)
-    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(g), g)
+    return jnp.where((x < bounds[0]) | (x > bounds[1]), jnp.zeros_like(g), g)
 
 
 @lowering(aten.glu.default)

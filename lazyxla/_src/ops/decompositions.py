@@ -142,11 +142,25 @@ def geqrf(a):
     return _geqrf(a)
 
 
-@lowering(aten.linalg_cross.default)
+@lowering(aten.linalg_cross.default, opmath=False)
 def linalg_cross(a, b, *, dim=-1):
     shape = jnp.broadcast_shapes(a.shape, b.shape)
     a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
-    return jnp.cross(a, b, axis=dim)
+    if a.dtype not in (jnp.bfloat16, jnp.float16):
+        return jnp.cross(a, b, axis=dim)
+    # Eager's bf16/fp16 kernel rounds each product and the difference to the dtype (a third of
+    # the components differed from one rounding of the float32 result); the explicit float32 ->
+    # dtype -> float32 converts keep those roundings in the compiled program (Note [Opmath]).
+    dt = a.dtype
+
+    def r(v):
+        return v.astype(dt).astype(jnp.float32)
+
+    def c(x, i):
+        return jnp.take(x.astype(jnp.float32), i, axis=dim)
+
+    comps = [r(r(c(a, j) * c(b, k)) - r(c(a, k) * c(b, j))) for j, k in ((1, 2), (2, 0), (0, 1))]
+    return jnp.stack(comps, axis=dim)
 
 
 @lowering(aten.linalg_cholesky_ex.default)

@@ -455,21 +455,50 @@ def softplus(x, beta=1, threshold=20):
     return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
 
 
+# Eager's CPU formulas, so that float32 rounds where eager does: min(max(x + 3, 0), 6) / 6 and
+# x * that / 6, each division correctly rounded (Note [Broadcast divisors]).
 @lowering(aten.hardsigmoid.default)
 def hardsigmoid(x):
-    return jnp.clip(x / 6 + 0.5, 0, 1)
+    return _true_divide(jnp.clip(x + 3, 0, 6), 6)
 
 
 @lowering(aten.hardswish.default)
 def hardswish(x):
-    return x * jnp.clip(x / 6 + 0.5, 0, 1)
+    return _true_divide(x * jnp.clip(x + 3, 0, 6), 6)
 
 
-@lowering(aten.logit.default)
+def logit_steps(x, eps):
+    """(x as computed, a function rounding a step's result as eager's kernel does, the clamp
+    bounds). Eager's logit kernels run bf16/fp16 through Vectorized<BFloat16/Half> arithmetic,
+    which rounds each operation to the dtype (1 - x, the quotient, the log; eps and 1 - eps too):
+    a third of the elements differ from a float32 computation rounded once, and eps = 1e-3 puts
+    bf16's upper bound at 1.0, where eager's logit is inf. The rules take their inputs in their
+    own dtypes (opmath=False)."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        dt = x.dtype
+
+        def r(v):
+            return v.astype(dt).astype(jnp.float32)
+
+        x = x.astype(jnp.float32)
+    else:
+        x = float_operand(x)
+
+        def r(v):
+            return v
+
+    if eps is None:
+        return x, r, None
+    lo = r(jnp.asarray(eps, x.dtype))
+    return x, r, (lo, r(1 - lo))
+
+
+@lowering(aten.logit.default, opmath=False)
 def logit(x, eps=None):
-    if eps is not None:
-        x = jnp.clip(x, eps, 1 - eps)
-    return jnp.log(x / (1 - x))
+    x, r, bounds = logit_steps(x, eps)
+    if bounds is not None:
+        x = jnp.clip(x, *bounds)
+    return jnp.log(r(x / r(1 - x)))
 
 
 # nextafter steps one ulp of its own dtype; nan_to_num's default bounds are its dtype's (Note

@@ -24,6 +24,35 @@ def _d(dim, n):
     return dim + n if dim < 0 else dim
 
 
+# Note [Scatter accumulation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# This family's rules are not opmath (Note [Opmath]): what eager CPU does with bf16/fp16
+# contributions to one element depends on the op, measured bit for bit:
+# - scatter_add, scatter_reduce (sum, prod, mean) and scatter_(reduce=) accumulate in float32
+#   and round once. A mean divides the rounded sum by a count accumulated in float32 and
+#   rounded to the dtype. The rules compute in float32 (`_scatter_opmath`).
+# - index_add takes scatter_add's path (float32) only for a tensor of 2+ dims, along its first
+#   or last dim, with alpha == 1 and no broadcast source; otherwise it adds each contribution in
+#   the dtype, in index order, as index_put(accumulate=True), put(accumulate=True) and
+#   index_reduce do: XLA's scatter applies updates in index order, so those keep the dtype.
+# - index_reduce's mean counts with index_add on a tensor of the dtype (so a bf16 count past 256
+#   rounds, by that same rule), then divides in float32.
+# Before, every one of them accumulated in the dtype: a bf16 scatter_add of 1000 values a row was
+# 60 ulps from eager's, and a mean's bf16 count stopped at 256 (256 + 1 rounds to 256).
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _scatter_opmath(fn):
+    """Run a scatter rule on bf16/fp16 `x`/`src` in float32 (Note [Scatter accumulation]); the
+    interpreter rounds the result to the recorded dtype once."""
+
+    @functools.wraps(fn)
+    def wrapped(x, dim, index, src, *args, **kwargs):
+        return fn(to_opmath(x), dim, index, to_opmath(src), *args, **kwargs)
+
+    return wrapped
+
+
 def _index_tuple(x, indices):
     idx = []
     for i in indices:
@@ -157,6 +186,7 @@ def scatter(x, dim, index, src):
 
 
 @lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+@_scatter_opmath
 @_scalar_as_1d
 @_bool_via_int
 def scatter_reduce_(x, dim, index, src, reduce):
@@ -170,6 +200,7 @@ def scatter_reduce_(x, dim, index, src, reduce):
 
 
 @lowering(aten.scatter_add.default)
+@_scatter_opmath
 @_scalar_as_1d
 @_bool_via_int
 def scatter_add(x, dim, index, src):
@@ -178,9 +209,27 @@ def scatter_add(x, dim, index, src):
 
 
 @lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if x.dtype in _LOW and reduce == "mean":  # Note [Scatter accumulation]
+        total = _scatter_reduce(to_opmath(x), dim, index, to_opmath(src), "sum", include_self)
+        count = _scatter_reduce(
+            jnp.ones(x.shape, jnp.float32) if include_self else jnp.zeros(x.shape, jnp.float32),
+            dim,
+            index,
+            jnp.ones(index.shape, jnp.float32),
+            "sum",
+            True,
+        )
+        total, count = total.astype(x.dtype), count.astype(x.dtype)  # eager's two tensors
+        return to_opmath(total) / jnp.maximum(to_opmath(count), 1)
+    if x.dtype in _LOW:
+        return _scatter_reduce(to_opmath(x), dim, index, to_opmath(src), reduce, include_self)
+    return _scatter_reduce(x, dim, index, src, reduce, include_self)
+
+
 @_scalar_as_1d
 @_bool_via_int
-def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+def _scatter_reduce(x, dim, index, src, reduce, include_self=True):
     src = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
     idx = _scatter_idx(x, dim, index)
     if reduce == "sum":
@@ -228,9 +277,19 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
 def index_add(x, dim, index, source, alpha=1):
     if x.ndim == 0:
         return x + (jnp.sum(source) * alpha).astype(x.dtype)
+    d = _d(dim, x.ndim)
     idx = [slice(None)] * x.ndim
-    idx[_d(dim, x.ndim)] = index
+    idx[d] = index
     src = source.reshape(x.shape[:0] + source.shape) if source.ndim else source
+    rest = x.shape[:d] + x.shape[d + 1 :]
+    if (
+        x.dtype in _LOW
+        and x.ndim > 1
+        and d in (0, x.ndim - 1)
+        and is_const(alpha, 1)
+        and src.shape[:d] + src.shape[d + 1 :] == rest
+    ):  # eager's scatter_add path: float32 (Note [Scatter accumulation])
+        return _accumulate(to_opmath(x), tuple(idx), to_opmath(src))
     return _accumulate(x, tuple(idx), src if is_const(alpha, 1) else (src * alpha).astype(x.dtype))
 
 
@@ -278,8 +337,17 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         out = ref.min(sm)
     else:
         s = ref.add(sm)
-        cnt = jnp.zeros(xm.shape[:1], x.dtype).at[index].add(1) + (1 if include_self else 0)
-        cnt = jnp.maximum(cnt, 1).reshape((-1,) + (1,) * (xm.ndim - 1))
+        # eager's count: index_add of ones into ones (or zeros) of x's dtype and shape (Note
+        # [Scatter accumulation]); every slice of a row holds the same count
+        ones = jnp.ones(x.shape, x.dtype)
+        cnt = index_add(
+            ones if include_self else jnp.zeros_like(ones),
+            dim,
+            index,
+            jnp.ones(source.shape, x.dtype),
+        )
+        cnt = jnp.moveaxis(cnt.astype(x.dtype), d, 0)
+        cnt = jnp.where(cnt == 0, jnp.ones((), x.dtype), cnt)
         # the count broadcasts: a plain `/` would be XLA's reciprocal multiply, rounding twice
         # (Note [Broadcast divisors]); bf16/fp16 divide in float32 as eager's opmath does
         out = _true_divide(to_opmath(s), to_opmath(cnt)) if floating else jnp.floor_divide(s, cnt)

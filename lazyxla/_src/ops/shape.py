@@ -229,8 +229,19 @@ def _set_changed(flat, idx, new):
     new = new.reshape(-1).astype(flat.dtype)
     if np.unique(idx).size == idx.size:
         return flat.at[idx].set(new)
-    changed = new != flat[idx]
+    changed = _bits_differ(new, flat[idx])
     return flat.at[jnp.where(changed, idx, flat.shape[0])].set(new, mode="drop")
+
+
+def _bits_differ(a, b):
+    """Elementwise: a store of `a` over `b` changes the bits (-0.0 over 0.0 does; NaN over the
+    same NaN does not), which `!=` does not tell for floats."""
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return _bits_differ(a.real, b.real) | _bits_differ(a.imag, b.imag)
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        as_int = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        return lax.bitcast_convert_type(a, as_int) != lax.bitcast_convert_type(b, as_int)
+    return a != b
 
 
 # Note [Dense strided views]
