@@ -314,7 +314,7 @@ def _eager_probe(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the op itself warns where eager would
-            op(*args, **kwargs)
+            _callable(op, specs, vals)(*args, **kwargs)
     except NotImplementedError as e:
         raise EagerRefused(*e.args) from None  # (not taken for a data-dependent shape)
     except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:
@@ -378,7 +378,20 @@ def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
         else:
             args.append(_to_meta(v))
     rule = META_RULES.get(op)
-    return rule(*args, **kwargs) if rule is not None else _run_meta(op, args, kwargs)
+    if rule is not None:
+        return rule(*args, **kwargs)
+    return _run_meta(_callable(op, specs, vals), args, kwargs)
+
+
+def _callable(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    """`op`, or its overload packet when a Tensor argument holds a Python number: a wrapped
+    number reaches the kernel as one (`torch.xlogy(t, 2.5)`: xlogy.Scalar_Other calls
+    xlogy.Tensor with it), and an overload cannot be called with a number for a Tensor; the
+    packet picks the Scalar overload, which wraps it again."""
+    for s, v in zip(specs, vals):
+        if s.kind == TENSOR and type(v) in (int, float, bool, complex):
+            return op.overloadpacket
+    return op
 
 
 def infer_layout(

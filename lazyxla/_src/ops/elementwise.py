@@ -328,9 +328,24 @@ def _power(x, y):
     if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) or y.dtype == jnp.bool_:
         return jnp.power(x, y)
     # Integers: a negative exponent gives 0, except for bases 1 and -1 (eager's integral pow).
-    out = jnp.power(x, jnp.where(y < 0, 0, y))
+    out = _int_power(x, jnp.where(y < 0, 0, y))
     neg = jnp.where(x == 1, 1, jnp.where(x == -1, jnp.where(y % 2 == 0, 1, -1), 0))
     return jnp.where(y < 0, neg.astype(out.dtype), out)
+
+
+def _int_power(x, y):
+    """`x ** y` for integers, y >= 0, wrapping as eager's square-and-multiply does. (jnp.power
+    squares only log2(bits) times, so it reads the exponent modulo 64: 2 ** 64 gave 1, eager 0,
+    and 3 ** 200 was 3 ** 8.)"""
+    bits = jnp.iinfo(y.dtype).bits - (1 if jnp.issubdtype(y.dtype, jnp.signedinteger) else 0)
+    dt = jnp.result_type(x, y)
+    base, y = jnp.asarray(x, dt), jnp.asarray(y, dt)
+    acc = jnp.ones_like(base)
+    for _ in range(bits):
+        acc = jnp.where((y & 1) != 0, acc * base, acc)
+        base = base * base
+        y = lax.shift_right_logical(y, jnp.ones_like(y))
+    return acc
 
 
 @lowering(aten.where.self)
@@ -340,7 +355,7 @@ def where(cond, x, y):
 
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
-    x = _in_result_dtype(x)
+    x = _in_result_dtype(jnp.asarray(x))  # (a baked 0-d unit arrives as a Python number)
     if min is not None:
         x = jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
     if max is not None:
@@ -350,13 +365,13 @@ def clamp(x, min=None, max=None):
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(x, min):
-    x = _in_result_dtype(x)
+    x = _in_result_dtype(jnp.asarray(x))
     return jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(x, max):
-    x = _in_result_dtype(x)
+    x = _in_result_dtype(jnp.asarray(x))
     return jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
 
 
@@ -550,6 +565,7 @@ def isposinf(x):
 
 @lowering(aten.heaviside.default)
 def heaviside(x, values):
+    x, values = jnp.asarray(x), jnp.asarray(values)  # (a baked unit arrives as a Python bool)
     return jnp.where(x == 0, values.astype(x.dtype), (x > 0).astype(x.dtype))
 
 
@@ -564,8 +580,10 @@ def lcm(x, y):
 
 
 def _shift_dtype(x, y):
+    """Both operands in the result's dtype, PyTorch's (a baked `True << t` arrived as a Python
+    bool and shifted in bool)."""
     x, y = jnp.asarray(x), jnp.asarray(y)
-    dt = jnp.result_type(x, y) if x.ndim else x.dtype
+    dt = out_dtype() or (jnp.result_type(x, y) if x.ndim else x.dtype)
     return x.astype(dt), y.astype(dt)
 
 
