@@ -335,6 +335,9 @@ SCALAR_EDGE = {
     "inf * bool": lambda u, i, b, f: f * b,
     "mask.float() * x": lambda u, i, b, f: b.float() * f,
     "mask.to(bf16) * x": lambda u, i, b, f: b.to(torch.bfloat16) * f.bfloat16(),
+    # a float Scalar of an integer op is converted to the integer type first (2.5 -> 2)
+    "int addcmul_ value=2.5": lambda u, i, b, f: i.long().addcmul_(i.long(), i.long(), value=2.5),
+    "int addcmul value=-0.75": lambda u, i, b, f: torch.addcmul(i, i, i, value=-0.75),
 }
 
 
