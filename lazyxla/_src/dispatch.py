@@ -650,7 +650,14 @@ class Recorder:
                 dtype = torch.result_type(self.ref, v)
             self.inputs.append((scalar(v, dtype), 0))
             return Ref(len(self.inputs) - 1)
-        if type(v) is float and not _is_floating(dtype) and not _is_unit(v):
+        if (
+            type(v) is float
+            and not _is_floating(dtype)
+            and dtype != torch.bool  # (a comparison computes in the promoted type)
+            and self.ref is not None
+            and self.ref.dtype == dtype
+            and not _is_unit(v)
+        ):
             # A float Scalar of an integer op (`int_t.addcmul_(a, b, value=2.5)`) is converted to
             # the op's integer type first, as eager's `value.to<scalar_t>()` does (2.5 -> 2):
             # promoted to float instead, it computed int_t + 2.5 * a * b.
