@@ -303,12 +303,7 @@ def _eager_probe(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> None:
     """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
     ops])."""
     try:
-        args, kwargs = [], {}
-        for s, v in zip(specs, vals):
-            if s.kwarg_only:
-                kwargs[s.name] = _probe_value(v)
-            else:
-                args.append(_probe_value(v))
+        args, kwargs = _split_args(specs, vals, _probe_value)
     except _NoProbe:
         return
     try:
@@ -370,13 +365,21 @@ def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | 
 META_RULES: dict[OpOverload, Callable[..., Any]] = {}
 
 
-def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+def _split_args(
+    specs: list[ArgSpec], vals: list[Any], convert: Callable[[Any], Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """`vals` (schema order) as converted positional and keyword arguments for a call."""
     args, kwargs = [], {}
     for s, v in zip(specs, vals):
         if s.kwarg_only:
-            kwargs[s.name] = _to_meta(v)
+            kwargs[s.name] = convert(v)
         else:
-            args.append(_to_meta(v))
+            args.append(convert(v))
+    return args, kwargs
+
+
+def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    args, kwargs = _split_args(specs, vals, _to_meta)
     rule = META_RULES.get(op)
     if rule is not None:
         return rule(*args, **kwargs)

@@ -64,7 +64,6 @@ from .tensor import check_device, new_tensor, read, storage_nbytes
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
 _EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout, torch.device)
-_Tensor = torch.Tensor
 _default_dtype = torch.get_default_dtype
 _now = time.perf_counter_ns
 _tracing = dispatch._tracing  # (the timing `_trace` sums, inlined on the replay paths)
@@ -83,17 +82,6 @@ def _plan_key(
     # the cheap, common cases (Python numbers, None, bools) are tested first, by type.
     for k, v in zip(kinds, vals):
         t = type(v)
-        if t is _Tensor and k == TENSOR:  # the common case first: a plain tensor argument
-            s = getattr(v.untyped_storage(), "_lx", None)
-            if s is not None:
-                if ref is None:
-                    ref = v
-                states.append(s)
-                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
-                key.append(s.spec if s.base is None else (s.spec, v.stride()))
-                if s.stride is not None:
-                    key.append(s.stride)
-                continue
         if t is float or t is int:
             if k == STATIC:
                 if t is float:

@@ -170,18 +170,10 @@ def _sweep(op_name: str, quick: bool) -> list[str]:
     return bad
 
 
+@pytest.mark.parametrize("quick", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("op_name", list(OPS))
-def test_binary_promotion_like_eager(op_name):
+def test_binary_promotion_like_eager(op_name, quick):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bad = _sweep(op_name, quick=True)
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("op_name", list(OPS))
-def test_binary_promotion_like_eager_full_grid(op_name):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        bad = _sweep(op_name, quick=False)
+        bad = _sweep(op_name, quick)
     assert not bad, "\n".join(bad)
