@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -416,3 +418,20 @@ def test_low_precision_logit_rounds_each_step_like_eager(dtype, eps):
     (ey, eg), (ly, lg) = out
     assert_same(ly, ey, exact=True)
     assert_same(lg, eg, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("exponent", [2, 3, -1, -2, 0.5])
+def test_pow_by_a_scalar_uses_eagers_formulas(exponent, dtype):
+    """Note [Pow by a scalar]: bit-equal to eager where eager's formula is exactly rounded
+    (x * x, x * x * x with bf16's rounded square, 1 / x, 1 / (x * x)); sqrt's special values."""
+    x = (torch.randn(4096, generator=_g) * 3).to(dtype)
+    if exponent == 0.5:  # eager's vectorized sqrt is not always correctly rounded; XLA's is
+        s = torch.tensor([-math.inf, -0.0, 0.0, math.inf, -1.0, 4.0], dtype=dtype)
+        out = s.to(DEV).pow(0.5).cpu()
+        ref = s.pow(0.5)
+        assert torch.equal(out.isnan(), ref.isnan())
+        ok = ~ref.isnan()
+        assert torch.equal(out[ok], ref[ok]) and torch.equal(out[ok].signbit(), ref[ok].signbit())
+        return
+    assert torch.equal(x.to(DEV).pow(exponent).cpu(), x.pow(exponent))
