@@ -340,6 +340,7 @@ SCALAR_EDGE = {
     # a float Scalar of an integer op is converted to the integer type first (2.5 -> 2)
     "int addcmul_ value=2.5": lambda u, i, b, f: i.long().addcmul_(i.long(), i.long(), value=2.5),
     "int addcmul value=-0.75": lambda u, i, b, f: torch.addcmul(i, i, i, value=-0.75),
+    "relu keeps -0.0 and NaN": lambda u, i, b, f: torch.relu(torch.cat([-f * 0, f / 0, f])),
 }
 
 

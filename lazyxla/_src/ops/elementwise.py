@@ -65,7 +65,7 @@ _UNARY = {
     aten.round.default: jnp.round,
     aten.trunc.default: jnp.trunc,
     aten.frac.default: lambda x: x - jnp.trunc(x),
-    aten.relu.default: jax.nn.relu,
+    aten.relu.default: lambda x: jnp.where(x < 0, jnp.zeros_like(x), x),  # relu(-0.0) is -0.0
     aten.silu.default: jax.nn.silu,
     aten.mish.default: jax.nn.mish,
     aten.logical_not.default: jnp.logical_not,
