@@ -1,11 +1,11 @@
 """torch_xla's argument checks, with torch_xla's messages.
 
 # Note [torch_xla's error messages]
-An op's bad arguments are found by PyTorch's meta kernel when the op is recorded (dispatch.py's
+An op's bad arguments are found by PyTorch's meta kernel when the op is recorded (meta.py's
 `infer_layout`), so by default the message is eager PyTorch's. torch_xla checks some ops itself
 first and says more (the shapes involved, in XLA's `f32[2,3]` notation, and what would fix it);
 its tests compare those messages exactly (test/test_ops_error_message.py). The checks here make
-the same decisions and raise the same `RuntimeError`s. They are registered in dispatch's
+the same decisions and raise the same `RuntimeError`s. They are registered in meta.py's
 `_EAGER_CHECKS`, which runs only on a miss of the meta cache: a signature that records once never
 pays for them again, and a failing signature never enters the cache. Each check only raises where
 the meta kernel would raise too (or where eager would), so no program that runs eagerly fails
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from . import dispatch
+from . import meta
 from .ir import _SHORT_DTYPE
 
 aten = torch.ops.aten
@@ -319,4 +319,4 @@ CHECKS: dict[OpOverload, Callable[[OpOverload, list[Any]], None]] = {
 def install() -> None:
     """Run torch_xla's checks where the meta kernel runs (Note [torch_xla's error messages])."""
     for op, check in CHECKS.items():
-        dispatch._EAGER_CHECKS.setdefault(op, check)
+        meta._EAGER_CHECKS.setdefault(op, check)

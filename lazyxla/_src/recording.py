@@ -20,30 +20,32 @@ from . import dispatch, metrics
 from .config import FLAGS
 from .dispatch import (
     _METADATA_INPLACE,
-    GENERATOR,
-    OPT_TENSOR,
-    SCALAR,
-    SCALAR_LIST,
-    STATIC,
     STORES_SCALAR,
-    TENSOR,
-    TENSOR_LIST,
-    ArgSpec,
-    EagerRefused,
     _counter_name,
     _dtype_arg,
     _is_unit,
     _op_name,
     _trace,
     _wrap_outputs,
-    bind,
     foreach_aliases,
-    infer_layout,
     record,
 )
 from .dispatch import inplace_kernel as _dispatch_inplace_kernel
 from .ir import SCALAR as _SCALAR_OP
 from .ir import Node, TensorSpec, node_with_desc, scalar_fast
+from .meta import (
+    GENERATOR,
+    OPT_TENSOR,
+    SCALAR,
+    SCALAR_LIST,
+    STATIC,
+    TENSOR,
+    TENSOR_LIST,
+    ArgSpec,
+    EagerRefused,
+    bind,
+    infer_layout,
+)
 from .ops.registry import Lowering
 from .tensor import check_device, new_tensor, read, storage_nbytes
 

@@ -21,7 +21,7 @@ lazyxla functionalizes in Python, the way PyTorch's FunctionalTensorWrapper does
   other view of that base is then stale and replays on its next read, so all aliases agree, as in
   eager.
 - Every lazy tensor carries eager's layout metadata: the sizes, strides and storage offset the
-  same op gives on the CPU (PyTorch's meta kernels compute them, see `dispatch.infer_layout`). So
+  same op gives on the CPU (PyTorch's meta kernels compute them, see `meta.infer_layout`). So
   PyTorch's own composite ops decide copy-versus-alias as eager does: `b.t().contiguous()`,
   `reshape` and `flatten` of a non-contiguous tensor copy, `view` of one raises. The value itself
   is logical (a JAX array of the tensor's shape); the layout is metadata only, except where eager

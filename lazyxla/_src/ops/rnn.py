@@ -111,7 +111,7 @@ def _gru_cell_backward_meta(grad_hy, workspace, has_bias):
 def install() -> None:
     """Shape rules: the GRU ops have no meta kernel; the LSTM cell's fails without biases
     (Note [Fused RNN cells])."""
-    from ..dispatch import META_RULES
+    from ..meta import META_RULES
 
     META_RULES[aten._thnn_fused_lstm_cell.default] = _lstm_cell_meta
     META_RULES[aten._thnn_fused_gru_cell.default] = _gru_cell_meta

@@ -1,0 +1,458 @@
+"""Argument kinds and shape inference: what a kernel knows of a call before it records it.
+
+Each op's schema is classified once into argument kinds (`ArgSpec`). Per call, the output specs
+and eager's strides come from PyTorch's own meta kernels, cached per argument signature
+(`infer_layout`), after the checks eager's CPU kernels make and the meta kernels skip (Note
+[Eager probes of pointwise ops]). Split from dispatch.py, which records the calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from . import runtime
+from .ir import Ref, TensorSpec, _exact
+from .ops.registry import Lowering
+from .tensor import DEVICE_TYPE, contiguous_strides
+
+# Argument kinds, decided once per op from its schema.
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, LIFT, STATIC, GENERATOR = (
+    range(9)
+)
+
+
+class ArgSpec:
+    __slots__ = (
+        "name",
+        "kind",
+        "kwarg_only",
+        "default",
+        "has_default",
+        "is_write",
+        "is_list_write",
+    )
+
+    def __init__(self, arg: Any, lw: Lowering | None) -> None:
+        t = str(arg.type)
+        self.name: str = arg.name
+        self.kwarg_only: bool = arg.kwarg_only
+        self.has_default: bool = arg.has_default_value()
+        self.default = arg.default_value if self.has_default else None
+        self.is_write = bool(arg.alias_info and arg.alias_info.is_write)
+        self.is_list_write = self.is_write and t.startswith("List[")
+        static = lw.static if lw else frozenset()
+        lift = lw.lift if lw else frozenset()
+        if t == "Tensor":
+            self.kind = TENSOR
+        elif t == "Optional[Tensor]":
+            self.kind = OPT_TENSOR
+        elif t == "List[Tensor]":
+            self.kind = TENSOR_LIST
+        elif t == "List[Optional[Tensor]]":
+            self.kind = OPT_TENSOR_LIST
+        elif t in ("number", "Optional[number]") and arg.name not in static:
+            self.kind = SCALAR
+        elif t == "List[number]" and arg.name not in static:
+            self.kind = SCALAR_LIST
+        elif arg.name in lift:
+            self.kind = LIFT
+        elif t == "Optional[Generator]":
+            self.kind = GENERATOR
+        else:
+            self.kind = STATIC
+
+
+def bind(specs: list[ArgSpec], args: tuple, kwargs: dict) -> list[Any]:
+    """Arguments in schema order, defaults filled in."""
+    vals = list(args)
+    for s in specs[len(args) :]:
+        vals.append(kwargs[s.name] if s.name in kwargs else s.default)
+    return vals
+
+
+# --- shape inference: PyTorch's meta kernels, cached per argument signature -----------------------
+
+
+def _sig(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return (v.shape, v.dtype, v.is_cpu)  # torch.Size hashes like a tuple
+    if isinstance(v, (list, tuple)):
+        return tuple(map(_sig, v))
+    if isinstance(v, (float, complex)):
+        # A scalar's value never changes a shape; its type changes a dtype. (Keyed by value, a
+        # NaN would also miss the cache on every call: nan != nan.)
+        return (type(v),)
+    if isinstance(v, (bool, int)):
+        return (type(v), v)  # 4, 4.0 and True == 1 are equal dict keys: keep the type apart
+    if isinstance(v, torch.Generator):
+        return None
+    return v
+
+
+def _layout_sig(v: Any) -> Any:
+    """`_sig` plus each tensor's strides: they decide the strides of the outputs."""
+    if isinstance(v, torch.Tensor):
+        return (_sig(v), v.stride())
+    if isinstance(v, (list, tuple)):
+        return tuple(map(_layout_sig, v))
+    return _sig(v)
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "cpu" and v.dim() == 0:
+            return v  # keeps the wrapped-number flag, which changes type promotion
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.Generator):
+        return None
+    if isinstance(v, torch.device):
+        return torch.device("meta")
+    return v
+
+
+def _meta_specs(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return TensorSpec(tuple(out.shape), out.dtype)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_meta_specs(o) for o in out)
+    return out
+
+
+def _meta_strides(out: Any, struct: Any) -> tuple[tuple[int, ...] | None, ...] | None:
+    """Eager's strides of each output tensor, flat, None where contiguous (or for all: None)."""
+    metas: list[Any] = []
+    _flat_meta(out, metas)
+    flat: list[TensorSpec] = []
+    _flat_specs(struct, flat)
+    if len(metas) != len(flat):
+        return None
+    strides = tuple(
+        _noncontiguous(m.stride(), sp.shape) if tuple(m.shape) == sp.shape else None
+        for m, sp in zip(metas, flat)
+    )
+    return strides if any(st is not None for st in strides) else None
+
+
+def _flat_meta(out: Any, acc: list[Any]) -> None:
+    if isinstance(out, torch.Tensor):
+        acc.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _flat_meta(o, acc)
+
+
+def _noncontiguous(stride: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    stride = tuple(stride)
+    return None if stride == contiguous_strides(shape) else stride
+
+
+_META_CACHE: dict[tuple, Any] = {}  # key -> (output spec structure, flat output strides or None)
+_MISS = object()
+
+# Ops whose meta kernel and eager CPU kernel disagree on outputs: lazyxla follows eager CPU, its
+# oracle. The normalizations return their saved mean/rstd in float32 on meta (CUDA's choice) but
+# in the input's bf16/fp16 on CPU; batch norm in eval mode saves no statistics on CPU (shape (0,))
+# where meta gives them the channel count.
+_aten = torch.ops.aten
+_STATS_IN_INPUT_DTYPE = frozenset(
+    (
+        _aten.native_layer_norm.default,
+        _aten.native_batch_norm.default,
+        _aten._native_batch_norm_legit.default,
+        _aten._native_batch_norm_legit.no_stats,
+        _aten._native_batch_norm_legit_no_training.default,
+        _aten._native_batch_norm_legit_functional.default,
+        _aten._batch_norm_with_update.default,
+        _aten._batch_norm_with_update_functional.default,
+    )
+)
+
+
+def _eval_mode_bn(op: OpOverload, vals: list[Any]) -> bool:
+    if op is _aten._native_batch_norm_legit_no_training.default:
+        return True
+    return op is _aten.native_batch_norm.default and not vals[5]
+
+
+def _cpu_specs(op: OpOverload, vals: list[Any], out: Any) -> Any:
+    if op not in _STATS_IN_INPUT_DTYPE:
+        return out
+    x, out = vals[0], list(out)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        out[1:3] = [TensorSpec(s.shape, x.dtype) for s in out[1:3]]
+    if _eval_mode_bn(op, vals):
+        out[1:3] = [TensorSpec((0,), s.dtype) for s in out[1:3]]
+    return tuple(out)
+
+
+def _check_index_count(op: OpOverload, vals: list[Any]) -> None:
+    x, indices = vals[0], vals[1]
+    if len(indices) > x.dim():
+        raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
+    _check_index_into_empty(op, vals)
+
+
+def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
+    """Any index into a dimension of size 0 is out of bounds: eager raises, and it is known from
+    the shapes alone (other out-of-bounds indices need the values, which XLA clamps)."""
+    x, indices = vals[0], vals[1]
+    if any(i is not None and i.dtype == torch.bool for i in indices):
+        return  # a mask spans several dimensions
+    given = [i for i in indices if i is not None]
+    if not given or math.prod(torch.broadcast_shapes(*(i.shape for i in given))) == 0:
+        return  # the indices broadcast to no element: nothing is read or written
+    if any(i is not None and size == 0 for size, i in zip(x.shape, indices)):
+        raise IndexError("index is out of bounds for dimension with size 0")
+
+
+# Note [Eager probes of pointwise ops]
+# Eager's CPU kernels of pointwise ops and reductions refuse dtypes their meta kernels accept:
+# `bool - bool` ("Subtraction, the `-` operator, with two bool tensors is not supported"),
+# `clamp`, `maximum`, `lt`, `remainder`, `atan2` of complex tensors, `heaviside` or `lerp` of
+# mixed dtypes, `hypot` of integers, `pow(int_tensor, -1)`, `argmax` of bools. Recorded with the
+# meta kernel alone, lazyxla computed something for each. So the first call of each signature of
+# such an op (the meta cache's miss) also runs the op eagerly on one-element CPU tensors of the
+# same dtypes and dimensionality, with the same scalars: where eager raises, the op raises eager's
+# error, where it is recorded. (Reductions' static arguments are only dims, keepdim, dtype,
+# correction and p: valid on size-1 dimensions exactly when on the real ones.) Ones as values keep
+# value-dependent errors out (an integer division by a zero tensor raises in eager only for its
+# data); random ops and dtypes eager's CPU kernels lack but XLA has (uint16/32/64, float8) are not
+# probed. A value checked on a lifted scalar (`int_tensor ** -3` after `int_tensor ** 2` made a
+# recording plan) is not probed again.
+_UNPROBED_DTYPES = frozenset(
+    (torch.uint16, torch.uint32, torch.uint64, torch.complex32)
+    + tuple(getattr(torch, n) for n in dir(torch) if n.startswith("float8_"))
+)
+
+
+# Pointwise ops PyTorch does not tag as such.
+_UNTAGGED_POINTWISE = frozenset((_aten.rsub.Tensor, _aten.floor_divide.default))
+
+
+@functools.cache
+def _probed(op: OpOverload) -> bool:
+    tags = op.tags
+    return (
+        (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or op in _UNTAGGED_POINTWISE)
+        and torch.Tag.nondeterministic_seeded not in tags
+        and not any(
+            "Device" in str(a.type) or "Generator" in str(a.type) for a in op._schema.arguments
+        )
+    )
+
+
+def _probe_value(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.device.type != DEVICE_TYPE:
+            return v
+        if v.dtype in _UNPROBED_DTYPES:
+            raise _NoProbe
+        return torch.ones((1,) * v.dim(), dtype=v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_probe_value(x) for x in v)
+    return v
+
+
+class _NoProbe(Exception):
+    pass
+
+
+def _eager_probe(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> None:
+    """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
+    ops])."""
+    try:
+        args, kwargs = _split_args(specs, vals, _probe_value)
+    except _NoProbe:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the op itself warns where eager would
+            _callable(op, specs, vals)(*args, **kwargs)
+    except NotImplementedError as e:
+        raise EagerRefused(*e.args) from None  # (not taken for a data-dependent shape)
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise type(e)(*e.args) from None
+
+
+class EagerRefused(NotImplementedError):
+    """Eager's "not implemented for 'ComplexFloat'": the dtype is refused, the op is not missing
+    (a kernel's NotImplementedError from the meta call means a data-dependent output shape)."""
+
+
+# Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
+_EAGER_CHECKS = {
+    _aten.index_put.default: _check_index_count,
+    _aten._index_put_impl.default: _check_index_count,
+    _aten._unsafe_index_put.default: _check_index_count,
+    _aten.index.Tensor: _check_index_into_empty,
+}
+
+
+def _all_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_all_meta(x) for x in v)
+    return v
+
+
+def _run_meta(op: OpOverload, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError:
+        # A CPU 0-d tensor (kept on the CPU for its wrapped-number type promotion) fails a meta
+        # device check that the real device kernel passes (masked_fill's `value`): retry on meta.
+        if not any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in _leaves(args)):
+            raise
+        return op(*_all_meta(args), **{k: _all_meta(v) for k, v in kwargs.items()})
+
+
+def _leaves(v: Any) -> list[Any]:
+    if isinstance(v, (list, tuple)):
+        return [y for x in v for y in _leaves(x)]
+    return [v]
+
+
+def infer(op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None) -> Any:
+    """Output spec structure (TensorSpec, or a tuple/list of them) of `op` on `vals`."""
+    return infer_layout(op, specs, vals, lw)[0]
+
+
+# Shape rules of ops whose meta kernel PyTorch lacks or gets wrong (Note [Fused RNN cells]):
+# called with the meta arguments in place of the op.
+META_RULES: dict[OpOverload, Callable[..., Any]] = {}
+
+
+def _split_args(
+    specs: list[ArgSpec], vals: list[Any], convert: Callable[[Any], Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """`vals` (schema order) as converted positional and keyword arguments for a call."""
+    args, kwargs = [], {}
+    for s, v in zip(specs, vals):
+        if s.kwarg_only:
+            kwargs[s.name] = convert(v)
+        else:
+            args.append(convert(v))
+    return args, kwargs
+
+
+def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    args, kwargs = _split_args(specs, vals, _to_meta)
+    rule = META_RULES.get(op)
+    if rule is not None:
+        return rule(*args, **kwargs)
+    return _run_meta(_callable(op, specs, vals), args, kwargs)
+
+
+def _callable(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    """`op`, or its overload packet when a Tensor argument holds a Python number: a wrapped
+    number reaches the kernel as one (`torch.xlogy(t, 2.5)`: xlogy.Scalar_Other calls
+    xlogy.Tensor with it), and an overload cannot be called with a number for a Tensor; the
+    packet picks the Scalar overload, which wraps it again."""
+    for s, v in zip(specs, vals):
+        if s.kind == TENSOR and type(v) in (int, float, bool, complex):
+            return op.overloadpacket
+    return op
+
+
+def infer_layout(
+    op: OpOverload, specs: list[ArgSpec], vals: list[Any], lw: Lowering | None = None
+) -> tuple[Any, tuple[tuple[int, ...] | None, ...] | None]:
+    """Output specs of `op` on `vals`, and eager's strides of each output (None: contiguous).
+
+    PyTorch's meta kernel decides on inputs with the tensors' own strides (so shapes, dtypes,
+    layouts and errors are PyTorch's own); an op without one (a custom op) is shape-checked by
+    tracing its lowering with `jax.eval_shape`.
+    """
+    # A float's value never changes a shape, unless it is a static that shapes the program
+    # (arange's end): those stay in the key. The default dtype types a result from Python
+    # numbers (`int_tensor * 2.5`, `torch.full(size, 1.5)`): it is in the key too.
+    key = (
+        op,
+        torch.get_default_dtype(),
+        *[
+            (float, _exact(v)) if a.kind == STATIC and type(v) is float else _layout_sig(v)
+            for a, v in zip(specs, vals)
+        ],
+    )
+    hit = _META_CACHE.get(key, _MISS)
+    if hit is not _MISS:
+        return hit  # its specs may be None: in-place foreach ops return nothing
+    check = _EAGER_CHECKS.get(op)
+    if check is not None:
+        check(op, vals)
+    if _probed(op):
+        _eager_probe(op, specs, vals)
+    try:
+        meta = _meta_call(op, specs, vals)
+        out = _cpu_specs(op, vals, _meta_specs(meta))
+        strides = _meta_strides(meta, out)
+    except NotImplementedError:
+        if lw is None:
+            raise
+        out, strides = _eval_shape(lw, specs, vals), None
+    flat: list[TensorSpec] = []
+    _flat_specs(out, flat)
+    for sp in flat:
+        runtime.check_dtype(sp.dtype, f"aten::{op._schema.name.split('::')[-1]}")
+    _META_CACHE[key] = hit = (out, strides)
+    return hit
+
+
+def _eval_shape(lw: Lowering, specs: list[ArgSpec], vals: list[Any]) -> Any:
+    import jax
+
+    structs: list[Any] = []  # tensor arguments, traced by eval_shape; the rest stay static
+
+    def slot(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            structs.append(jax.ShapeDtypeStruct(tuple(v.shape), runtime.jnp_dtype(v.dtype)))
+            return Ref(len(structs) - 1)
+        if isinstance(v, (list, tuple)):
+            return type(v)(slot(x) for x in v)
+        return v
+
+    args = [slot(v) for s, v in zip(specs, vals) if not s.kwarg_only and s.kind != GENERATOR]
+    kwargs = {s.name: slot(v) for s, v in zip(specs, vals) if s.kwarg_only and s.kind != GENERATOR}
+
+    def fill(v: Any, arrays: tuple) -> Any:
+        if type(v) is Ref:
+            return arrays[v]
+        if isinstance(v, (list, tuple)):
+            return type(v)(fill(x, arrays) for x in v)
+        return v
+
+    def run(*arrays: Any) -> Any:
+        a = [fill(v, arrays) for v in args]
+        kw = {k: fill(v, arrays) for k, v in kwargs.items()}
+        if lw.random:
+            kw["key"] = (jax.numpy.zeros((), "int64"), jax.numpy.zeros((), "int64"))
+        return lw.rule(*a, **kw)
+
+    out = jax.eval_shape(run, *structs)
+
+    def to_spec(o: Any) -> Any:
+        if o is None:
+            return None
+        if isinstance(o, (list, tuple)):
+            return type(o)(to_spec(x) for x in o)
+        return TensorSpec(tuple(o.shape), runtime.NP_TO_TORCH[o.dtype])
+
+    return to_spec(out)
+
+
+def _flat_specs(struct: Any, acc: list[TensorSpec]) -> None:
+    if isinstance(struct, TensorSpec):
+        acc.append(struct)
+    elif isinstance(struct, (list, tuple)):
+        for s in struct:
+            _flat_specs(s, acc)
