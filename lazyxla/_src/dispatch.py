@@ -227,34 +227,35 @@ class Recorder:
                 dtype = torch.result_type(self.ref, v)
             self.inputs.append((scalar(v, dtype), 0))
             return Ref(len(self.inputs) - 1)
-        if (
-            type(v) is float
-            and not _is_floating(dtype)
-            and dtype != torch.bool  # (a comparison computes in the promoted type)
-            and self.ref is not None
-            and self.ref.dtype == dtype
-            and not _is_unit(v)
-        ):
-            # A float Scalar of an integer op (`int_t.addcmul_(a, b, value=2.5)`) is converted to
-            # the op's integer type first, as eager's `value.to<scalar_t>()` does (2.5 -> 2):
-            # promoted to float instead, it computed int_t + 2.5 * a * b.
-            self.inputs.append((scalar(v, dtype), 0))
-            return Ref(len(self.inputs) - 1)
-        return self._lift(v, dtype, self.opmath)
+        return self._lift(v, dtype, self.opmath, result=dtype)
 
-    def _promoted(self, v: Any) -> torch.dtype:
+    def _promoted(self, v: Any, result: torch.dtype | None = None) -> torch.dtype:
         """The dtype `v` (a Python number or 0-d CPU tensor) is lifted at: its promotion with
-        the anchoring tensor, or the floating result an integer promotion computes in."""
+        the anchoring tensor, or the floating result an integer promotion computes in. `result`:
+        for a `Scalar` argument, the node's result dtype: a float Scalar of an op whose result is
+        the anchoring tensor's integer dtype (`int_t.addcmul_(a, b, value=2.5)`) is converted to
+        it first, as eager's `value.to<scalar_t>()` does (2.5 -> 2; promoted to float, it computed
+        int_t + 2.5 * a * b). A comparison (a bool result) computes in the promoted type."""
+        if (
+            result is not None
+            and type(v) is float
+            and not _is_floating(result)
+            and result != torch.bool
+            and self.ref.dtype == result
+        ):
+            return result
         dtype = torch.result_type(self.ref, v)
         if self.floating is not None and not _is_floating(dtype):
             return self.floating
         return dtype
 
-    def _lift(self, v: Any, dtype: torch.dtype, opmath: bool) -> Any:
+    def _lift(
+        self, v: Any, dtype: torch.dtype, opmath: bool, result: torch.dtype | None = None
+    ) -> Any:
         if v is None or isinstance(v, bool) or _is_unit(v) or not isinstance(v, (int, float)):
             return v
         if self.ref is not None:
-            dtype = self._promoted(v)
+            dtype = self._promoted(v, result)
         if opmath and dtype in _LOW_FLOATS:
             dtype = torch.float32  # Note [Scalar precision]
         self.inputs.append((scalar(v, dtype), 0))

@@ -101,9 +101,8 @@ class LazyState:
     )
 
     def __init__(self, value: Value, spec: TensorSpec, stride: tuple[int, ...] | None) -> None:
-        self.seq = seq = next(
-            _seq
-        )  # creation order: a sync's roots are ordered by it (stable keys)
+        # creation order: a sync's roots are ordered by it (stable keys)
+        self.seq = seq = next(_seq)
         self.value = value
         self.spec = spec
         self.stride = stride  # a base's strides when not contiguous: its storage order

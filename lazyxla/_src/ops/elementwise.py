@@ -414,10 +414,11 @@ def clamp_max(x, max):
 
 
 def _in_result_dtype(x):
-    """An integer `x` clamped to float bounds is clamped in the float result dtype, as eager
-    does (Note [Integer inputs, floating results])."""
+    """`x` in a dtype that holds the result's: an integer `x` clamped to float bounds is clamped
+    in the float result dtype, as eager does (Note [Integer inputs, floating results]); a float32
+    opmath `x` of a bf16 result stays float32."""
     dt = out_dtype()
-    return x.astype(dt) if dt is not None and dt != x.dtype else x
+    return x if dt is None else x.astype(jnp.promote_types(x.dtype, dt))
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
