@@ -366,3 +366,88 @@ def test_int_scalar_out_of_the_tensor_range_wraps_as_eager(dtype, value):
     lazy = x.to(dev)
     lazy.add_(value).mul_(value)
     torch.testing.assert_close(lazy.cpu(), x.clone().add_(value).mul_(value))
+
+
+# --- checked conversions of Scalar arguments (Note [Checked scalar conversions]) ----------------
+
+
+def _outcome(fn, *args):
+    """`fn`'s result on CPU, or its exception's type and message."""
+    try:
+        out = fn(*args)
+    except Exception as e:  # noqa: BLE001 - the exception is the outcome compared
+        return (type(e), str(e))
+    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+
+def _same_outcome(actual, expected) -> bool:
+    if isinstance(expected, tuple) and expected and isinstance(expected[0], type):
+        return actual == expected
+    if isinstance(expected, tuple):
+        return len(actual) == len(expected) and all(map(bits_equal, actual, expected))
+    return isinstance(actual, torch.Tensor) and bits_equal(actual, expected)
+
+
+CHECKED = {  # fn(t, v): each called with a value that fits first, then with v
+    "fill_": lambda t, v: t.clone().fill_(v),
+    "full_like": lambda t, v: torch.full_like(t, v),
+    "new_full": lambda t, v: t.new_full((2,), v),
+    "full": lambda t, v: torch.full((2,), v, dtype=t.dtype, device=t.device),
+    "masked_fill": lambda t, v: t.masked_fill(t > 1, v),
+    "index_fill": lambda t, v: t.index_fill(0, torch.tensor([0], device=t.device), v),
+    "scatter_value": lambda t, v: t.scatter(0, torch.tensor([1], device=t.device), v),
+    "where_scalar": lambda t, v: torch.where(t > 1, t, v),
+    "clamp_max": lambda t, v: t.clamp(max=v),
+    "add_alpha": lambda t, v: t.add(t, alpha=v),
+    "addcmul_value": lambda t, v: t.addcmul(t, t, value=v),
+    "pow_scalar": lambda t, v: t**v,
+    # wrapped numbers (a Tensor slot) wrap instead: no error in eager either
+    "add_wrapped": lambda t, v: t + v,
+    "remainder_wrapped": lambda t, v: t % v,
+}
+CHECKED_VALUES = {
+    torch.uint8: [300, -1, -256, 255.5, -0.5, 2.0**40, float("nan"), float("inf")],
+    torch.int8: [128, -129, -1, 127.5, float("-inf")],
+    torch.int32: [2**31, -(2**31), -3, 2.0**31],
+    torch.int64: [-3, 2**62],
+}
+
+
+@pytest.mark.parametrize("name", list(CHECKED))
+@pytest.mark.parametrize("dtype", list(CHECKED_VALUES), ids=str)
+def test_scalar_argument_converted_checked(name, dtype):
+    """`uint8_t.fill_(300)`, `int_t ** -3` raise eager's error, also where an earlier call of
+    the same signature with a value that fits made a recording plan; wrapped numbers wrap."""
+    fn = CHECKED[name]
+    base = torch.tensor([1, 2], dtype=dtype)
+    for v in [2, *CHECKED_VALUES[dtype]]:
+        if name in ("add_wrapped", "remainder_wrapped", "pow_scalar") and type(v) is float:
+            continue  # a float there promotes to a float result: not a conversion
+        expected = _outcome(fn, base, v)
+        actual = _outcome(fn, base.to(dev), v)
+        assert _same_outcome(actual, expected), (name, dtype, v, actual, expected)
+
+
+def test_index_put_values_dtype_as_eager():
+    """index_put_ does not cast its values (the meta kernel let a uint8 target wrap 300 to 44),
+    except where eager takes it for a masked_fill_ (one mask, one CPU value)."""
+    for dev_ in ("cpu", dev):
+        x = torch.zeros(3, dtype=torch.float16, device=dev_)
+        x[torch.tensor([True, False, False], device=dev_)] = torch.tensor(3.0)
+        x[1] = 5
+        with pytest.raises(RuntimeError, match="got Half for the destination and Float"):
+            x[torch.tensor([2])] = torch.tensor(7.0)
+        u = torch.zeros(2, dtype=torch.uint8, device=dev_)
+        with pytest.raises(RuntimeError, match="got Byte for the destination and Long"):
+            u.index_put_((torch.tensor([0], device=dev_),), torch.tensor(300))
+        assert x.cpu().tolist() == [3.0, 5.0, 0.0] and u.cpu().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+def test_cummax_values_keep_signed_zeros(op):
+    """The values are the input at the indices (the scan's select became a max: 0. for -0.)."""
+    x = torch.tensor([0.0, -0.0, 0.0, -0.0, float("nan"), -0.0])
+    expected = op(x, 0)
+    actual = op(x.to(dev), 0)
+    assert bits_equal(actual.values, expected.values)
+    assert torch.equal(actual.indices.cpu(), expected.indices)

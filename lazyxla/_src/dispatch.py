@@ -42,6 +42,7 @@ from .meta import (
     TENSOR,
     TENSOR_LIST,
     ArgSpec,
+    _dtype_name,
     _flat_specs,
     _meta_call,
     _noncontiguous,
@@ -154,6 +155,23 @@ _LOW_FLOATS = (torch.bfloat16, torch.float16)
 # value, and `full(n, False)` and `full(n, True)` (transformers' max-length criterion, `False`
 # until the last token) are one graph, not two.
 STORES_SCALAR = frozenset(("aten::full", "aten::full_like", "aten::fill", "aten::new_full"))
+# Ops that store a `Scalar` converted the checked way but are not probed (pointwise ops are):
+# Note [Checked scalar conversions] in meta.py.
+_CHECKED_SCALARS = STORES_SCALAR | {"aten::scalar_tensor", "aten::index_fill", "aten::scatter"}
+
+
+def _check_fits(v: Any, dtype: torch.dtype) -> None:
+    """Raise eager's error if `v` does not convert to the integer `dtype` (`uint8_t.fill_(300)`:
+    "value cannot be converted to type uint8_t without overflow"), by converting it as eager
+    does."""
+    if type(v) is bool or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return
+    try:
+        torch.empty((), dtype=dtype).fill_(v)
+    except NotImplementedError:  # (a dtype eager's CPU cannot fill: nothing to compare with)
+        return
+    except RuntimeError as e:
+        raise RuntimeError(*e.args) from None
 
 
 # Note [Integer scalars of floating results]
@@ -172,7 +190,7 @@ def _is_floating(dtype: torch.dtype) -> bool:
 class Recorder:
     """Turns one call's arguments into (inputs, template) for a node."""
 
-    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores", "floating")
+    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores", "checked", "floating")
 
     def __init__(
         self, ref: torch.Tensor | None, op: str = "", result: torch.dtype | None = None
@@ -186,6 +204,7 @@ class Recorder:
         self.opmath = op in _OPMATH_SCALARS
         self.opmath_other = op in _OPMATH_OTHER
         self.stores = op in STORES_SCALAR
+        self.checked = op in _CHECKED_SCALARS
 
     def tensor(self, t: Any) -> Any:
         if t is None:
@@ -223,6 +242,7 @@ class Recorder:
     def lift(self, v: Any, dtype: torch.dtype) -> Any:
         """A `Scalar` argument: lifted to a graph input unless a unit (or not a real number)."""
         if self.stores and type(v) in (bool, int, float):
+            _check_fits(v, dtype)  # (the result's dtype: it is stored at that)
             if self.ref is not None:
                 dtype = torch.result_type(self.ref, v)
             self.inputs.append((scalar(v, dtype), 0))
@@ -256,6 +276,8 @@ class Recorder:
             return v
         if self.ref is not None:
             dtype = self._promoted(v, result)
+        if self.checked:
+            _check_fits(v, dtype)
         if opmath and dtype in _LOW_FLOATS:
             dtype = torch.float32  # Note [Scalar precision]
         self.inputs.append((scalar(v, dtype), 0))
@@ -449,10 +471,6 @@ def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[i
         tuple(t.shape) == r.shape and torch.can_cast(r.dtype, t.dtype)
         for t, r in _targets(out_struct, vals, specs, writes)
     )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
 def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]):

@@ -8,6 +8,7 @@ and eager's strides come from PyTorch's own meta kernels, cached per argument si
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import warnings
@@ -194,11 +195,39 @@ def _cpu_specs(op: OpOverload, vals: list[Any], out: Any) -> Any:
     return tuple(out)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """ATen's name of `dtype` in messages ("Byte", "Long", "BFloat16")."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
 def _check_index_count(op: OpOverload, vals: list[Any]) -> None:
     x, indices = vals[0], vals[1]
     if len(indices) > x.dim():
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
     _check_index_into_empty(op, vals)
+
+
+def _check_index_put(op: OpOverload, vals: list[Any]) -> None:
+    """`index_put_` does not cast its values (`uint8_t[i] = torch.tensor(300)` raises; the meta
+    kernel lets it through, and the value wrapped to 44), except where eager takes it for a
+    `masked_fill_`: one mask index on the tensor's device, one value on the CPU, no
+    accumulation."""
+    _check_index_count(op, vals)
+    x, indices, v, accumulate = vals[0], vals[1], vals[2], vals[3]
+    given = [i for i in indices if i is not None]
+    masked_fill = (
+        not accumulate
+        and v.numel() == 1
+        and v.is_cpu
+        and len(given) == 1
+        and given[0].dtype in (torch.bool, torch.uint8)
+        and given[0].device == x.device
+    )
+    if v.dtype != x.dtype and not masked_fill:
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{_dtype_name(x.dtype)} for the destination and {_dtype_name(v.dtype)} for the source."
+        )
 
 
 def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
@@ -212,6 +241,33 @@ def _check_index_into_empty(op: OpOverload, vals: list[Any]) -> None:
         return  # the indices broadcast to no element: nothing is read or written
     if any(i is not None and size == 0 for size, i in zip(x.shape, indices)):
         raise IndexError("index is out of bounds for dimension with size 0")
+
+
+# Note [Checked scalar conversions]
+# Eager converts a Python number in a `Scalar` slot to the dtype it computes in with a checked
+# conversion (c10's `Scalar::to<T>`): `uint8_t.fill_(300)`, `full_like(int8_t, 200)`,
+# `torch.where(m, uint8_t, 300)`, `t.index_fill(0, i, -1.0)` into uint8, `int_t.clamp(max=2**40)`
+# raise "value cannot be converted to type uint8_t without overflow", and `int_t ** -3`
+# "Integers to negative integer powers are not allowed"; a number in a `Tensor` slot (`t + 300`)
+# is a wrapped 0-d tensor and wraps. Whether a value passes depends only on its sign, which of
+# the integer dtypes' limits it exceeds, and NaN (into a floating dtype nothing is checked:
+# `half_t.fill_(1e6)` is inf). That class is in the meta cache's key and in a recording plan's
+# key for every `Scalar` slot, so a new class misses both: the probe (below) then runs with the
+# value, and ops that store a value without being probed (fills, `index_fill`, `scatter`)
+# convert it the checked way on the slow path (`dispatch.Recorder.lift`). Floats in a `Scalar`
+# slot were keyed by type alone, and a plan made by `x ** 2` served `x ** -3`.
+_INT_LIMITS = (127, 128, 255, 32767, 32768, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**63)
+_INT_LIMITS += (2**64 - 1,)
+
+
+def scalar_class(v: int | float) -> Any:
+    """Which of eager's checked conversions to an integer dtype accept `v`, as a key (Note
+    [Checked scalar conversions]): NaN, or the sign and how many limits |v| exceeds."""
+    if v != v:
+        return None
+    if v < 0:
+        return (True, bisect.bisect_left(_INT_LIMITS, -v))
+    return (False, bisect.bisect_left(_INT_LIMITS, v))
 
 
 # Note [Eager probes of pointwise ops]
@@ -290,8 +346,8 @@ class EagerRefused(NotImplementedError):
 
 # Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
 _EAGER_CHECKS = {
-    _aten.index_put.default: _check_index_count,
-    _aten._index_put_impl.default: _check_index_count,
+    _aten.index_put.default: _check_index_put,
+    _aten._index_put_impl.default: _check_index_put,
     _aten._unsafe_index_put.default: _check_index_count,
     _aten.index.Tensor: _check_index_into_empty,
 }
@@ -374,13 +430,18 @@ def infer_layout(
     tracing its lowering with `jax.eval_shape`.
     """
     # A float's value never changes a shape, unless it is a static that shapes the program
-    # (arange's end): those stay in the key. The default dtype types a result from Python
+    # (arange's end): those stay in the key, and a float in a `Scalar` slot keys its class
+    # (Note [Checked scalar conversions]). The default dtype types a result from Python
     # numbers (`int_tensor * 2.5`, `torch.full(size, 1.5)`): it is in the key too.
     key = (
         op,
         torch.get_default_dtype(),
         *[
-            (float, _exact(v)) if a.kind == STATIC and type(v) is float else _layout_sig(v)
+            (float, _exact(v))
+            if a.kind == STATIC and type(v) is float
+            else (float, scalar_class(v))
+            if a.kind == SCALAR and type(v) is float
+            else _layout_sig(v)
             for a, v in zip(specs, vals)
         ],
     )

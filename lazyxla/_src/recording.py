@@ -45,6 +45,7 @@ from .meta import (
     EagerRefused,
     bind,
     infer_layout,
+    scalar_class,
 )
 from .ops.registry import Lowering
 from .tensor import check_device, new_tensor, read, storage_nbytes
@@ -91,7 +92,11 @@ def _plan_key(
                 key.append(v)
                 continue
             # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
-            key.append((t, _LIFTED if v != 0 and v != 1 or not _is_unit(v) else v))
+            if v != 0 and v != 1 or not _is_unit(v):
+                # A `Scalar` slot converts the checked way: Note [Checked scalar conversions].
+                key.append((t, _LIFTED, scalar_class(v)) if k == SCALAR else (t, _LIFTED))
+            else:
+                key.append((t, v))
         elif v is None:
             key.append(None)
         elif t is bool:

@@ -35,7 +35,10 @@ def _cum_extreme(x, dim, better):
             take_b = take_b & ~(jnp.isnan(av) & ~jnp.isnan(bv))
         return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
 
-    return lax.associative_scan(comb, (x, idx), axis=d)
+    # The values are the input at the indices, as eager's are: the scan's own values can lose a
+    # zero's sign (XLA rewrites select(a >= b, a, b) into a max, so cummax([0., -0.]) kept 0.).
+    _, ind = lax.associative_scan(comb, (x, idx), axis=d)
+    return jnp.take_along_axis(x, ind, axis=d), ind
 
 
 @lowering(aten.cummax.default)
