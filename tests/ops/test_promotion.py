@@ -1,11 +1,12 @@
 """Type promotion of binary pointwise ops against eager: every op on every pair of operands drawn
-from tensors of ten dtypes, 0-d CPU tensors and Python scalars, both orders. Each call must give
-eager's dtype and values, or raise eager's exception type where eager raises. This sweep found
+from tensors of ten dtypes, 0-d CPU tensors (units too) and Python scalars, both orders. Each call
+must give eager's dtype and values, or raise eager's exception type where eager raises. It found
 `uint8_tensor / -3` dividing by 253 (Note [Integer scalars of floating results]), `bool * inf`
-giving 0 (Note [Booleans times a value]) and dozens of calls eager refuses that lazyxla computed
-(Note [Eager probes of pointwise ops]). The known differences are listed in KNOWN with their
-reason; anything else fails. The default run takes every op with a subset of the operands; the
-full grid is marked slow (about 2.5 min)."""
+giving 0 (Note [Booleans times a value]), `bool_tensor / 0.0` giving 0 where eager divides 0 by 0,
+a complex division by zero giving NaN + NaNj, and dozens of calls eager refuses that lazyxla
+computed (Note [Eager probes of pointwise ops]). The known differences are listed in KNOWN with
+their reason; anything else fails. The default run takes every op with a subset of the operands;
+the full grid is marked slow (about 2.5 min)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,14 @@ ZERO_D = {
     "0d_i64": torch.tensor(3),
     "0d_f16": torch.tensor(1.5, dtype=torch.float16),
     "0d_bool": torch.tensor(True),
+    # units: baked into the graph as numbers (bool / 0.0 gave 0 for False; complex / 0 NaN)
+    "0d_f64_0": torch.tensor(0.0, dtype=torch.float64),
+    "0d_i64_1": torch.tensor(1),
+    "0d_u8_1": torch.tensor(1, dtype=torch.uint8),
 }
 # The default run's operands: every dtype category and every kind of operand, fewer of each.
 QUICK = {"i64", "u8", "bool", "f32", "bf16", "c64", "-3", "2.5", "300", "0d_f64", "0d_bool"}
+QUICK |= {"0d_f64_0"}
 
 _MASK = [True, False, True, True]
 OPS = {

@@ -180,7 +180,7 @@ def _pair(x, y):
             and jnp.issubdtype(x.dtype, jnp.inexact) == jnp.issubdtype(dt, jnp.inexact)
         ):
             dt = x.dtype
-        x, y = x.astype(dt), y.astype(dt)
+        x, y = bool_to(x, dt), bool_to(y, dt)
     return x, y
 
 
@@ -240,6 +240,17 @@ def _rewrites_divisions() -> bool:
 def _true_divide(x, y):
     """`x / y` for a floating result, correctly rounded (Note [Broadcast divisors])."""
     out = jnp.result_type(x, y)
+    # A bool converts as a select: XLA's simplifier turns convert(p) / 0 into select(p, inf, 0)
+    # where eager divides 0 by 0 (Note [Booleans times a value]).
+    x, y = (bool_to(v, out) if getattr(v, "dtype", None) == jnp.bool_ else v for v in (x, y))
+    if jnp.issubdtype(out, jnp.complexfloating):
+        # By a zero, eager's complex division (c10::complex's, numpy's) divides each part by
+        # the zero's magnitude: (1+1j)/0 is inf+infj, -2j/0 nan-infj; XLA's is NaN throughout.
+        x, y = jnp.asarray(x, out), jnp.asarray(y, out)
+        by_zero = lax.complex(
+            jnp.real(x) / jnp.abs(jnp.real(y)), jnp.imag(x) / jnp.abs(jnp.imag(y))
+        )
+        return jnp.where(y == 0, by_zero, jnp.true_divide(x, y))
     if (
         out == jnp.float32
         and jnp.shape(y) != jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
