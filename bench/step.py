@@ -7,7 +7,8 @@ AdamW). A step is `zero_grad; loss; backward; optimizer.step`, on data resident 
 - torch.compile: the whole step function compiled with inductor (dynamo splits it where it must).
 - lazyxla: record the step, `lazyxla.sync(wait=True)`: tracing + cache lookup + execution.
 - lazyxla async: the same, but `lazyxla.sync()` without waiting, as a torch_xla training loop
-  calls mark_step: the next step is traced while this one executes; one wait every 4 steps.
+  calls mark_step: the next step is traced while this one executes; one wait every 10 steps, as
+  pytorch/xla's examples (`examples/train_*_base.py`) read the loss every 10 steps.
 - limit: the cached jitted executable of that step's graph, called directly on the same inputs
   (`exe(cap.data, cap.scalars)`), i.e. lazyxla with zero tracing and zero bookkeeping.
 
@@ -37,7 +38,7 @@ from lazyxla.models import MLP, Decoder
 
 Step = Callable[[], torch.Tensor]
 ASYNC = "lazyxla (record + async sync)"
-ASYNC_STEPS = 4
+ASYNC_STEPS = 10  # steps per wait (pytorch/xla's examples log every 10 steps)
 
 
 class Workload:

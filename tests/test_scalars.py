@@ -451,3 +451,33 @@ def test_cummax_values_keep_signed_zeros(op):
     actual = op(x.to(dev), 0)
     assert bits_equal(actual.values, expected.values)
     assert torch.equal(actual.indices.cpu(), expected.indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_pow_of_zero_as_eager(dtype):
+    """std::pow's (glibc cpow's) values at a zero base: 0 where Re y > 0 (imaginary sign as C's
+    infinities give it), inf+nanj where Re y < 0, NaN otherwise; XLA gave NaN for 0 ** (1+1j) and
+    1 for 0 ** 0. A Python exponent of 0 or 1 fills ones or copies, as eager does."""
+    ys = [2, 1 + 1j, 1 - 1j, 0.5, 0, -1, -1 + 1j, 1j, -1j, 3, float("inf"), 2 - 0.0j]
+    x = torch.zeros(len(ys), dtype=dtype)
+    y = torch.tensor(ys, dtype=dtype)
+    assert bits_equal(
+        torch.view_as_real(torch.pow(x.to(dev), y.to(dev))), torch.view_as_real(torch.pow(x, y))
+    )
+    base = torch.tensor([0, 2, -3], dtype=dtype)
+    for s in (0, 1, 1.0, True, False, -1.0, -0.5, 0.5, 2.5, 1 + 1j):
+        expected, actual = torch.pow(base, s), torch.pow(base.to(dev), s).cpu()
+        assert torch.allclose(actual, expected, rtol=1e-6, atol=1e-6, equal_nan=True), (s, actual)
+        assert bits_equal(torch.view_as_real(actual[:1]), torch.view_as_real(expected[:1])), s
+
+
+def test_overloads_of_one_op_do_not_share_an_executable():
+    """pow.Tensor_Scalar by a Python 0 fills ones; pow.Tensor_Tensor by a 0-d tensor 0 is NaN at
+    a complex zero. Same op name, arguments and specs: the node descriptor keys the rule too, so
+    the second graph is not served the first's executable."""
+    x = torch.tensor([0, 2], dtype=torch.complex64)
+    lazy = x.to(dev)
+    first = torch.pow(lazy, 0).cpu()
+    second = torch.pow(lazy, torch.tensor(0)).cpu()
+    assert bits_equal(torch.view_as_real(first), torch.view_as_real(torch.pow(x, 0)))
+    assert bits_equal(torch.view_as_real(second), torch.view_as_real(torch.pow(x, torch.tensor(0))))

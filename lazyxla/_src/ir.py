@@ -163,7 +163,17 @@ class Node:
         self.specs = specs
         self.data = data
         desc = (op, args, kwargs, specs, desc_extra)
-        key = desc
+        # Keyed by the rule's code too: two overloads of one op (`pow.Tensor_Scalar` by a Python
+        # 0, `pow.Tensor_Tensor` by a baked 0-d tensor 0) can share a name, arguments and specs
+        # and still compute different things; they shared an executable. (The code, not the
+        # function: a scan's or a manual region's rule is a closure made per call, and what it
+        # closes over is in its arguments; a wrapper's, such as Note [Opmath]'s, is the same
+        # for every op, so the wrapped function's.)
+        r = rule
+        while hasattr(r, "__wrapped__"):
+            r = r.__wrapped__
+        code = getattr(r, "__code__", r)
+        key = (op, code, args, kwargs, specs, desc_extra)
         screened = _SCREENED.get(op)
         if screened is None:
             screened = _screened(op)
@@ -173,7 +183,7 @@ class Node:
             if not (exact_args and exact_kwargs):
                 a = args if exact_args else _exact_items(args)
                 k = kwargs if exact_kwargs else tuple([(n, _exact(v)) for n, v in kwargs])
-                key = (op, a, k, specs, desc_extra)
+                key = (op, code, a, k, specs, desc_extra)
         self.desc = _intern(key, desc)
         self.src = _user_frame() if FLAGS.ir_debug else None
         self.meta: Any = None

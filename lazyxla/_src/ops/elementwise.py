@@ -323,14 +323,16 @@ def fmod(x, y):
 
 
 # Note [Pow by a scalar]
-# Eager's CPU pow by a scalar exponent (pow_tensor_scalar_optimized_kernel) computes six
+# Eager's CPU pow by a Python scalar exponent (pow_tensor_scalar_optimized_kernel) computes six
 # exponents by their own formulas: 2 as x * x, 3 as x * x * x, 0.5 as sqrt, -0.5 as 1 / sqrt,
 # -1 as 1 / x, -2 as 1 / (x * x); any other through std::pow. XLA's pow by a lifted exponent
 # (the value is an argument, not a constant XLA could specialise) was up to an ulp off in 1-27 %
 # of the elements (x.pow(3), rsqrt's), and pow(-inf, 0.5) gave inf where sqrt gives NaN, -0.0
-# ** 0.5 gave 0.0. So a 0-d floating exponent selects the same formulas. In bfloat16 eager rounds
-# the square x * x to bfloat16 before it multiplies or divides again; float16 takes std::pow for
-# every exponent (pow(-inf, 0.5) is inf there), computed here in float32 and rounded once.
+# ** 0.5 gave 0.0. So a Python exponent (pow.Tensor_Scalar's, lifted) selects the same formulas;
+# a tensor exponent, a 0-d CPU one too, takes pow for every value, as eager. In bfloat16 eager
+# rounds the square x * x to bfloat16 before it multiplies or divides again; float16 takes
+# std::pow for every exponent (pow(-inf, 0.5) is inf there), computed here in float32 and rounded
+# once.
 
 
 def _square(x):
@@ -350,21 +352,53 @@ _POW_FORMULAS = (
 )
 
 
-@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar)
-def pow_(x, y):
-    if isinstance(y, (int, float)) and y == 2:  # (a Python exponent: baked, not lifted)
+# Complex exponents take the same formulas (1 / x as c10::complex divides: 1 / 0 is inf+nanj);
+# any other exponent std::pow, i.e. glibc's cpow, exp(y * log(x)) under C's complex arithmetic:
+# for a zero base that is 0 (with the sign C's infinities give its imaginary part) where Re y > 0,
+# inf+nanj where Re y < 0, NaN otherwise; XLA's pow gave NaN for 0 ** (1+1j) and 1 for 0 ** 0.
+_COMPLEX_POW_FORMULAS = (
+    (2.0, lambda x: x * x),
+    (3.0, lambda x: x * x * x),
+    (0.5, jnp.sqrt),
+    (-0.5, lambda x: _true_divide(1, jnp.sqrt(x))),
+    (-1.0, lambda x: _true_divide(1, x)),
+    (-2.0, lambda x: _true_divide(1, x * x)),
+)
+
+
+def _complex_pow(x, y):
+    """std::pow of complex operands (see _COMPLEX_POW_FORMULAS)."""
+    out = jnp.power(x, y)
+    yr, yi = jnp.real(y), jnp.imag(y)
+    real = jnp.where(yr > 0, 0.0, jnp.where(yr < 0, jnp.inf, jnp.nan)).astype(yr.dtype)
+    imag = jnp.where(yr > 0, jnp.where(yi < 0, 0.0, -0.0), jnp.nan).astype(yr.dtype)
+    return jnp.where(x == 0, lax.complex(real, imag), out)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(x, y):
+    if isinstance(y, (bool, int, float)) and y in (0, 1):
+        # eager fills ones, or copies: complex 0 ** 0 is 1, 0j ** 1 is 0j (not std::pow's)
+        dt = out_dtype() or jnp.result_type(x)
+        return jnp.ones(jnp.shape(x), dt) if y == 0 else jnp.asarray(x).astype(dt)
+    if isinstance(y, (int, float)) and y == 2:  # (a static exponent)
         return x * x
     out = _power(x, y)
     x = jnp.asarray(x)
-    if (
-        jnp.ndim(y) == 0
-        and jnp.issubdtype(out.dtype, jnp.floating)
-        and x.dtype == out.dtype
-        and out_dtype() != jnp.float16
-    ):
-        for c, formula in _POW_FORMULAS:
-            out = jnp.where(y == c, formula(x), out)
+    if jnp.ndim(y) == 0 and x.dtype == out.dtype:
+        if jnp.issubdtype(out.dtype, jnp.floating) and out_dtype() != jnp.float16:
+            for c, formula in _POW_FORMULAS:
+                out = jnp.where(y == c, formula(x), out)
+        elif jnp.issubdtype(out.dtype, jnp.complexfloating):
+            for c, formula in _COMPLEX_POW_FORMULAS:
+                out = jnp.where(y == c, formula(x), out)
     return out
+
+
+@lowering(aten.pow.Tensor_Tensor)
+def pow_(x, y):
+    """A tensor exponent (a 0-d CPU one too): std::pow for every element, as in eager."""
+    return _power(x, y)
 
 
 @lowering(aten.pow.Scalar)
@@ -374,7 +408,10 @@ def pow_scalar(x, y):
 
 def _power(x, y):
     x, y = jnp.asarray(x), jnp.asarray(y)
-    if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) or y.dtype == jnp.bool_:
+    out = jnp.result_type(x, y)
+    if jnp.issubdtype(out, jnp.complexfloating):
+        return _complex_pow(x.astype(out), y.astype(out))
+    if jnp.issubdtype(out, jnp.inexact) or y.dtype == jnp.bool_:
         return jnp.power(x, y)
     # Integers: a negative exponent gives 0, except for bases 1 and -1 (eager's integral pow).
     out = _int_power(x, jnp.where(y < 0, 0, y))
@@ -595,7 +632,7 @@ def softplus_backward(grad, x, beta, threshold):
 # Tensor exponent) by overload name: it gets its own rule.
 @lowering(aten.pow_.Scalar)
 def pow_inplace_scalar(x, y):
-    return pow_(x, y)
+    return pow_tensor_scalar(x, y)
 
 
 @lowering(aten.round.decimals)
