@@ -283,7 +283,11 @@ def scalar_class(v: int | float) -> Any:
 # value-dependent errors out (an integer division by a zero tensor raises in eager only for its
 # data); random ops and dtypes eager's CPU kernels lack but XLA has (uint16/32/64, float8) are not
 # probed. A value checked on a lifted scalar (`int_tensor ** -3` after `int_tensor ** 2` made a
-# recording plan) is not probed again.
+# recording plan) is probed again when its class changes (Note [Checked scalar conversions]).
+# Other ops whose CPU kernels refuse dtypes (softmax, logcumsumexp, median, kthvalue, topk, trace
+# of integers or bools) are probed too (`_DTYPE_PROBED`), on zeros of the real shapes, since
+# their static arguments (topk's k) need not be valid on one-element tensors; past 4096 elements
+# on one-element tensors, for eager's NotImplementedError ("not implemented for 'Int'") alone.
 _UNPROBED_DTYPES = frozenset(
     (torch.uint16, torch.uint32, torch.uint64, torch.complex32)
     + tuple(getattr(torch, n) for n in dir(torch) if n.startswith("float8_"))
@@ -292,6 +296,21 @@ _UNPROBED_DTYPES = frozenset(
 
 # Pointwise ops PyTorch does not tag as such.
 _UNTAGGED_POINTWISE = frozenset((_aten.rsub.Tensor, _aten.floor_divide.default))
+_DTYPE_PROBED = frozenset(
+    (
+        _aten._softmax.default,
+        _aten._log_softmax.default,
+        _aten.logcumsumexp.default,
+        _aten._logcumsumexp.default,
+        _aten.median.default,
+        _aten.median.dim,
+        _aten.nanmedian.default,
+        _aten.nanmedian.dim,
+        _aten.kthvalue.default,
+        _aten.topk.default,
+        _aten.trace.default,
+    )
+)
 
 
 @functools.cache
@@ -318,25 +337,51 @@ def _probe_value(v: Any) -> Any:
     return v
 
 
+_SHAPED_PROBE_LIMIT = 4096  # elements of a probe on zeros of the real shape
+
+
+def _shaped_probe_value(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.device.type != DEVICE_TYPE:
+            return v
+        if v.dtype in _UNPROBED_DTYPES or v.numel() > _SHAPED_PROBE_LIMIT:
+            raise _NoProbe
+        return torch.zeros(v.shape, dtype=v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_shaped_probe_value(x) for x in v)
+    return v
+
+
 class _NoProbe(Exception):
     pass
 
 
-def _eager_probe(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> None:
+def _eager_probe(
+    op: OpOverload, specs: list[ArgSpec], vals: list[Any], dtype_only: bool = False
+) -> None:
     """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
-    ops])."""
+    ops]). `dtype_only` (`_DTYPE_PROBED`): on zeros of the real shapes, every error of eager's;
+    on one-element tensors (a larger input), only a refusal of the dtypes."""
     try:
-        args, kwargs = _split_args(specs, vals, _probe_value)
+        args, kwargs = _split_args(specs, vals, _shaped_probe_value if dtype_only else _probe_value)
+        refusal_only = False
     except _NoProbe:
-        return
+        if not dtype_only:
+            return
+        try:
+            args, kwargs = _split_args(specs, vals, _probe_value)
+        except _NoProbe:
+            return
+        refusal_only = True
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the op itself warns where eager would
             _callable(op, specs, vals)(*args, **kwargs)
     except NotImplementedError as e:
         raise EagerRefused(*e.args) from None  # (not taken for a data-dependent shape)
-    except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise type(e)(*e.args) from None
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError, IndexError) as e:
+        if not refusal_only:
+            raise type(e)(*e.args) from None
 
 
 class EagerRefused(NotImplementedError):
@@ -453,6 +498,8 @@ def infer_layout(
         check(op, vals)
     if _probed(op):
         _eager_probe(op, specs, vals)
+    elif op in _DTYPE_PROBED:
+        _eager_probe(op, specs, vals, dtype_only=True)
     try:
         meta = _meta_call(op, specs, vals)
         out = _cpu_specs(op, vals, _meta_specs(meta))

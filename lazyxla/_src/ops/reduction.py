@@ -80,20 +80,28 @@ def min_all(x):
     return jnp.min(x)
 
 
-@lowering(aten.max.dim)
-def max_dim(x, dim, keepdim=False):
+def _extreme_dim(x, dim, keepdim, arg):
+    """max/min along `dim`: the first extreme's index, and the input's value there (as eager's;
+    a max reduction's own value can be the other zero: max(-0.0, 0.0, -0.0) over a column whose
+    first element is -0.0 is -0.0 in eager)."""
     if x.ndim == 0:  # a 0-d tensor is its own max along dim 0 or -1, at index 0
         return x, jnp.zeros((), jnp.int64)
     d = _dims(x, dim)[0]
-    return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
+    i = arg(x, axis=d, keepdims=True)
+    v = jnp.take_along_axis(x, i, axis=d)
+    if not keepdim:
+        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
+    return v, i
+
+
+@lowering(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _extreme_dim(x, dim, keepdim, jnp.argmax)
 
 
 @lowering(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
-    if x.ndim == 0:
-        return x, jnp.zeros((), jnp.int64)
-    d = _dims(x, dim)[0]
-    return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
+    return _extreme_dim(x, dim, keepdim, jnp.argmin)
 
 
 @lowering(aten.argmax.default)
@@ -255,11 +263,19 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
         return x, jnp.zeros((), jnp.int64)
     d = _dims(x, dim)[0]
     xm = jnp.moveaxis(x, d, -1)
+    # Every NaN is larger than any number, as in eager. XLA's top_k orders floats totally, so a
+    # NaN with its sign bit set (x86's 0/0, torch's bf16 NaN) ranked below -inf and -0.0 below
+    # 0.0: top_k reads NaNs made positive and zeros made +0.0, and the values are gathered from
+    # the input. The smallest k were the
+    # top k of -x (NaN first; unsigned ints wrapped): they are a stable sort's first k.
     if largest:
-        v, i = lax.top_k(xm, k)
+        key = xm
+        if jnp.issubdtype(xm.dtype, jnp.floating):  # (and -0.0 ties with 0.0, as in eager)
+            key = jnp.where(jnp.isnan(xm), jnp.nan, jnp.where(xm == 0, 0.0, xm).astype(xm.dtype))
+        _, i = lax.top_k(key, k)
     else:
-        v, i = lax.top_k(-xm, k)
-        v = -v
+        i = jnp.argsort(xm, axis=-1, stable=True)[..., :k]
+    v = jnp.take_along_axis(xm, i, axis=-1)
     return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
 
 
@@ -287,8 +303,10 @@ def aminmax(x, *, dim=None, keepdim=False):
         return jnp.min(x), jnp.max(x)
     if x.ndim == 0:
         return x, x
-    d = axis_of(x, dim)
-    return jnp.min(x, axis=d, keepdims=keepdim), jnp.max(x, axis=d, keepdims=keepdim)
+    # (the values at the first extremes, as min.dim's and max.dim's)
+    return _extreme_dim(x, dim, keepdim, jnp.argmin)[0], _extreme_dim(x, dim, keepdim, jnp.argmax)[
+        0
+    ]
 
 
 @lowering(aten.count_nonzero.dim_IntList)
