@@ -309,6 +309,10 @@ _DTYPE_PROBED = frozenset(
         _aten.kthvalue.default,
         _aten.topk.default,
         _aten.trace.default,
+        _aten.searchsorted.Tensor,
+        _aten.searchsorted.Scalar,
+        _aten.bucketize.Tensor,
+        _aten.bucketize.Scalar,
     )
 )
 

@@ -2,9 +2,11 @@
 (also with its sign bit set, as x86's 0/0 and torch's bf16 NaN are), infinities and ties, in
 eight dtypes. Each call must give eager's dtype, values (the sign of a zero included) and
 indices, or raise eager's exception type. This sweep found `topk` ranking a negative NaN below
--inf and the smallest k wrapping unsigned ints, `max(dim)`/`min(dim)`/`aminmax` returning the
-other zero, and softmax, logcumsumexp, median, kthvalue, topk and trace computing something for
-dtypes eager's CPU kernels refuse (Note [Eager probes of pointwise ops]). Known differences are
+-inf and the smallest k wrapping unsigned ints, `max(dim)`/`min(dim)`/`aminmax`/`mode` returning
+the other zero, `lerp` (and quantile's interpolation) using one formula where eager uses two,
+`searchsorted`/`bucketize` placing NaNs otherwise than eager's binary search, and softmax,
+logcumsumexp, median, kthvalue, topk, trace and searchsorted computing something for dtypes
+eager's CPU kernels refuse (Note [Eager probes of pointwise ops]). Known differences are
 in `_known`, each with its reason; anything else fails."""
 
 from __future__ import annotations
@@ -86,6 +88,19 @@ OPS = {
     "count_nonzero": lambda t: torch.count_nonzero(t, 1),
     "sum_empty": lambda t: t[:, :0].sum(1),
     "prod_empty": lambda t: t[:, :0].prod(1),
+    "lerp": lambda t: torch.lerp(t.float(), t.flip(1).float(), 0.5),
+    "lerp_tensor_weight": lambda t: torch.lerp(t.float(), t.flip(1).float(), t.float().sigmoid()),
+    "quantile": lambda t: torch.quantile(t.float(), 0.5, dim=1),
+    "nanquantile": lambda t: torch.nanquantile(t.float(), 0.3, dim=1),
+    "searchsorted": lambda t: torch.searchsorted(t.flatten().sort().values, t),
+    "searchsorted_right": lambda t: torch.searchsorted(t.sort(1).values, t, right=True),
+    "bucketize": lambda t: torch.bucketize(t, torch.tensor([-1, 0, 2]).to(t.dtype).to(t.device)),
+    "mode": lambda t: torch.mode(t, 1),
+    "unique": lambda t: torch.unique(t, return_inverse=True, return_counts=True),
+    "isin": lambda t: torch.isin(t, t[0]),
+    "msort": lambda t: torch.msort(t),
+    "argmax_dim0": lambda t: t.argmax(0),
+    "diff": lambda t: torch.diff(t, dim=1),
 }
 
 
@@ -103,6 +118,8 @@ def _same(e: torch.Tensor, g: torch.Tensor) -> bool:
 
 
 def _known(op: str, data: str, dtype: torch.dtype, ref, got) -> str | None:
+    if op == "mode" and data in ("nan", "neg_nan"):
+        return "eager's mode sorts with std::sort, whose order with NaNs is unspecified"
     if op == "kthvalue" and ref is not None and got is not None:
         values_equal = torch.equal(ref[0].float().nan_to_num(), got[0].float().nan_to_num())
         if values_equal and data in ("signed0", "inf", "mixed", "ties", "neg_nan", "nan"):

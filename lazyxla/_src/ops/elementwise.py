@@ -471,7 +471,11 @@ def _in_result_dtype(x):
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(x, end, weight):
-    return x + weight * (end - x)
+    """Eager's formula (ATen's Lerp.h): from `x` for |weight| < 0.5, from `end` otherwise. The one
+    formula x + w * (end - x) rounded differently for w >= 0.5 (lerp(a, b, 0.9), quantile's
+    interpolation) and gave inf where eager's gives NaN (lerp(1, inf, 0.5))."""
+    small = jnp.abs(weight) < 0.5
+    return jnp.where(small, x + weight * (end - x), end - (end - x) * (1 - weight))
 
 
 @lowering(aten.addcmul.default)

@@ -3,7 +3,6 @@ bucketize/searchsorted, isin and histograms (eager's tie and NaN rules)."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -140,34 +139,58 @@ def mode(x, dim=-1, keepdim=False):
     n = xm.shape[-1]
     pos = jnp.where(xm == val, jnp.arange(n), -1)
     ind = jnp.max(pos, axis=-1, keepdims=True)
-    val, ind = jnp.moveaxis(val.astype(x.dtype), -1, d), jnp.moveaxis(ind, -1, d)
+    val = jnp.take_along_axis(xm, ind, axis=-1)  # the value there: 0.0 or -0.0, as eager's
+    val, ind = jnp.moveaxis(val, -1, d), jnp.moveaxis(ind, -1, d)
     if not keepdim:
         val, ind = jnp.squeeze(val, d), jnp.squeeze(ind, d)
     return val, ind
 
 
+def _bound(seq, x, right):
+    """Eager's binary search (cus_lower_bound / cus_upper_bound in Bucketization.cpp) for each
+    value of `x` in the last axis of `seq`: the same comparisons, so a NaN value lands past the
+    end and NaNs at the end of `seq` are passed over, as in eager (jnp.searchsorted's compares
+    differently: NaN values landed before the NaNs of `seq`). `seq` is (B, n), `x` (B, m)."""
+    n = seq.shape[-1]
+    lo = jnp.zeros(x.shape, jnp.int64)
+    hi = jnp.full(x.shape, n, jnp.int64)
+    for _ in range(n.bit_length()):
+        mid = lo + (hi - lo) // 2
+        mv = jnp.take_along_axis(seq, jnp.clip(mid, 0, max(n - 1, 0)), axis=-1)
+        go = ~(mv > x) if right else ~(mv >= x)
+        active = lo < hi
+        lo = jnp.where(active & go, mid + 1, lo)
+        hi = jnp.where(active & ~go, mid, hi)
+    return lo
+
+
+def _searchsorted(seq, x, right):
+    seq, x = jnp.asarray(seq), jnp.asarray(x)
+    dt = jnp.promote_types(seq.dtype, x.dtype)
+    seq, x = seq.astype(dt), x.astype(dt)
+    if seq.shape[-1] == 0:
+        return jnp.zeros(x.shape, jnp.int64)
+    if seq.ndim == 1:
+        return _bound(seq[None], x.reshape(1, -1), right).reshape(x.shape)
+    s2 = seq.reshape(-1, seq.shape[-1])
+    return _bound(s2, x.reshape(s2.shape[0], -1), right).reshape(x.shape)
+
+
 @lowering(aten.bucketize.Tensor)
 def bucketize(x, boundaries, *, out_int32=False, right=False):
-    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+    return _searchsorted(boundaries, x, right)
 
 
 @lowering(aten.bucketize.Scalar)
 def bucketize_scalar(x, boundaries, *, out_int32=False, right=False):
-    return jnp.searchsorted(boundaries, x, side="right" if right else "left")
+    return _searchsorted(boundaries, x, right)
 
 
 @lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(seq, x, *, out_int32=False, right=False, side=None, sorter=None):
-    side = side or ("right" if right else "left")
     if sorter is not None:
         seq = jnp.take_along_axis(seq, sorter, axis=-1)
-    if seq.ndim == 1:
-        return jnp.searchsorted(seq, x, side=side)
-    lead = seq.shape[:-1]
-    s2 = seq.reshape(-1, seq.shape[-1])
-    x2 = x.reshape(s2.shape[0], -1)
-    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(s2, x2)
-    return out.reshape(lead + x.shape[-1:])
+    return _searchsorted(seq, x, right or side == "right")
 
 
 @lowering(aten.histc.default)
