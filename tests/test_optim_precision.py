@@ -21,7 +21,11 @@ BC2_SQRT = (1 - BETA2**STEP) ** 0.5  # the Python float Adam divides sqrt(exp_av
 # Slack on the mean ulp distance: the mean over 2^18 elements moves by ~1e-3 ulp between two
 # implementations of the same roundings; one extra rounding of a 1-ulp-wide quotient adds ~0.05.
 MEAN_SLACK = 0.01
-MAX_SLACK = 0.01
+# Slack on the worst element: one ulp. Eager's vectorised float32 sqrt is not correctly rounded
+# (an ulp off in ~20 % of elements on AVX-512), lazyxla's is, so an Adam denominator can differ
+# by an ulp and the update with it; with eager's addcdiv order, (value * m) / d, the worst element
+# of a step then lands an ulp on either side of eager's. A systematic bias moves the mean.
+MAX_SLACK = 1.01
 
 
 def _adam_state(n: int = 1 << 18) -> dict[str, torch.Tensor]:

@@ -436,3 +436,23 @@ def test_pow_by_a_scalar_uses_eagers_formulas(exponent, dtype):
         assert torch.equal(out[ok], ref[ok]) and torch.equal(out[ok].signbit(), ref[ok].signbit())
         return
     assert torch.equal(x.to(DEV).pow(exponent).cpu(), x.pow(exponent))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_division_orders_and_divisors_bit_equal_to_eager(dtype):
+    """addcdiv computes (value * t1) / t2 as eager does (value * (t1 / t2) rounded differently
+    in up to a third of the elements), and a float64 quotient by a broadcast divisor is a division
+    (XLA:CPU's reciprocal rewrite was an ulp off in a third of them: Note [Broadcast divisors])."""
+    g = torch.Generator().manual_seed(0)
+    x, a = (torch.randn(4096, generator=g).to(dtype) for _ in range(2))
+    b = (torch.rand(4096, generator=g) + 0.1).to(dtype)
+    for v in (-1e-3, 0.37, 1):
+        expected = torch.addcdiv(x, a, b, value=v)
+        actual = torch.addcdiv(x.to(DEV), a.to(DEV), b.to(DEV), value=v).cpu()
+        assert torch.equal(actual, expected), (v, (actual != expected).float().mean())
+    for divisor in (b[:1], 0.37, b[:64].reshape(64, 1)):
+        num = a.reshape(64, 64)
+        expected = num / divisor
+        lazy_divisor = divisor.to(DEV) if isinstance(divisor, torch.Tensor) else divisor
+        actual = (num.to(DEV) / lazy_divisor).cpu()
+        assert torch.equal(actual, expected), (divisor, (actual != expected).float().mean())
