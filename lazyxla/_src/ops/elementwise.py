@@ -120,7 +120,6 @@ _BINARY = {
     aten.bitwise_xor.Tensor: jnp.bitwise_xor,
     aten.bitwise_xor.Scalar: jnp.bitwise_xor,
     aten.atan2.default: jnp.arctan2,
-    aten.hypot.default: jnp.hypot,
     aten.copysign.Tensor: jnp.copysign,
     aten.copysign.Scalar: jnp.copysign,
 }
@@ -646,7 +645,32 @@ def pow_inplace_scalar(x, y):
 
 @lowering(aten.round.decimals)
 def round_decimals(x, *, decimals):
-    return jnp.round(float_operand(x), decimals)
+    """Eager's nearbyint(x * 10**d) / 10**d (negative d: nearbyint(x / 10**-d) * 10**-d), with a
+    division that stays one (jnp.round divides by the constant, which XLA turns into a multiply by
+    its rounded reciprocal: a quarter of round(x, decimals=2) was an ulp off)."""
+    x = float_operand(x)
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
+    if decimals < 0:
+        return jnp.round(_true_divide(x, scale)) * scale
+    return _true_divide(jnp.round(x * scale), scale)
+
+
+@lowering(aten.hypot.default)
+def hypot(x, y):
+    """Correctly rounded as eager's (Sleef's 0.5-ulp hypot): float32 through float64's
+    sqrt(x*x + y*y), float64 as sqrt(x*x + y*y) where that neither overflows nor underflows
+    (jnp.hypot's x * sqrt(1 + (y/x)**2) was an ulp off in a third of the elements); inf where
+    either is infinite, NaN or not (C's hypot)."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = jnp.result_type(x, y)
+    if dt == jnp.float32:
+        wide = jnp.sqrt(x.astype(jnp.float64) ** 2 + y.astype(jnp.float64) ** 2).astype(dt)
+    else:
+        x, y = x.astype(dt), y.astype(dt)
+        s = x * x + y * y
+        safe = jnp.isfinite(s) & (s >= jnp.finfo(dt).tiny)
+        wide = jnp.where(safe, jnp.sqrt(jnp.where(safe, s, 1)), jnp.hypot(x, y))
+    return jnp.where(jnp.isinf(x) | jnp.isinf(y), jnp.inf, wide).astype(dt)
 
 
 @lowering(aten.isneginf.default)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from .elementwise import _true_divide
 from .registry import lowering
 
 aten = torch.ops.aten
@@ -23,7 +24,9 @@ def smooth_l1_loss(x, y, reduction=1, beta=1.0):
     d = jnp.abs(x - y)
     if beta == 0:
         return _reduce(d, reduction)
-    return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+    # ((0.5 * d) * d) / beta as eager, the division a division (Note [Broadcast divisors])
+    quadratic = _true_divide(0.5 * d * d, jnp.asarray(beta, d.dtype))
+    return _reduce(jnp.where(d < beta, quadratic, d - 0.5 * beta), reduction)
 
 
 @lowering(aten.smooth_l1_loss_backward.default)
