@@ -36,14 +36,40 @@ from .sharding import is_spmd as spmd
 from .sharding import output_sharding
 from .tensor import HostState, LazyState, bind_data, live_states, read
 
+# Note [Memory maps of executables]
+# Every kernel XLA:CPU compiles is mapped into the process on its own (~15 memory maps for a
+# graph of four ops, more for larger ones), and Linux caps a process's maps (vm.max_map_count,
+# 65530 by default). A thousand cached executables of mid-sized graphs reach the cap, and the next
+# compile's mapping fails inside LLVM: a segmentation fault, no Python error (pytorch/xla's
+# test_python_ops.py crashed so after ~800 compiles). So the cache is also bounded by the maps
+# the process holds: past 60 % of the cap, least recently used executables are dropped (their
+# maps go with them) until it holds about half.
+_MAPS_HIGH, _MAPS_LOW = 0.6, 0.5
+
+
+def _map_limit() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None  # not Linux: no such limit to keep under
+
+
+def _map_count() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return sum(1 for _ in f)
+
 
 class GraphCache:
     """In-memory map from graph key to compiled executable, least recently used evicted first.
 
     Bounded (XLA_COMPILATION_CACHE_SIZE, torch_xla's name and default, 1024): a program that makes
     thousands of distinct graphs must not hold every executable until the compiler runs out of
-    memory. An evicted graph that comes back compiles again (counted as UncachedCompile).
+    memory, nor the process's memory maps (Note [Memory maps of executables]). An evicted graph
+    that comes back compiles again (counted as UncachedCompile).
     """
+
+    map_limit = _map_limit()
 
     def __init__(self) -> None:
         self.entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
@@ -60,8 +86,24 @@ class GraphCache:
     def put(self, key: tuple, exe: Any) -> None:
         self.entries[key] = exe
         while len(self.entries) > max(1, FLAGS.compilation_cache_size):
-            self.entries.popitem(last=False)
-            metrics.counter_inc("CompilationCacheEvict")
+            self._evict()
+        if self.map_limit is not None:
+            self._keep_maps_under(self.map_limit)
+
+    def _evict(self) -> None:
+        self.entries.popitem(last=False)
+        metrics.counter_inc("CompilationCacheEvict")
+
+    def _keep_maps_under(self, limit: int) -> None:
+        maps = _map_count()
+        while maps > _MAPS_HIGH * limit and len(self.entries) > 1:
+            # maps per cached executable, on average: drop enough of the oldest to reach LOW
+            per_entry = max(1.0, maps / len(self.entries))
+            n = min(len(self.entries) - 1, math.ceil((maps - _MAPS_LOW * limit) / per_entry))
+            for _ in range(max(1, n)):
+                self._evict()
+            gc.collect()  # (an executable held in a reference cycle keeps its maps)
+            maps = _map_count()
 
     def clear(self) -> None:
         self.entries.clear()
