@@ -689,14 +689,37 @@ def heaviside(x, values):
     return jnp.where(x == 0, values.astype(x.dtype), (x > 0).astype(x.dtype))
 
 
+def _gcd(x, y):
+    """Eager's calc_gcd: Euclid's loop with C's truncating remainder, from |x| and |y| as C's abs
+    gives them (|INT_MIN| stays INT_MIN). jnp.gcd's loop never ended there: gcd(int8 -128, 5) hung
+    the program; this one's |a| falls every step."""
+    x, y = jnp.broadcast_arrays(*_pair(x, y))
+    a, b = (v if jnp.issubdtype(v.dtype, jnp.unsignedinteger) else lax.abs(v) for v in (x, y))
+
+    def step(s):
+        a, b = s
+        nz = a != 0
+        return jnp.where(nz, lax.rem(b, jnp.where(nz, a, 1)), a), jnp.where(nz, a, b)
+
+    return lax.while_loop(lambda s: jnp.any(s[0] != 0), step, (a, b))[1]
+
+
 @lowering(aten.gcd.default)
 def gcd(x, y):
-    return jnp.gcd(x, y)
+    return _gcd(x, y)
 
 
 @lowering(aten.lcm.default)
 def lcm(x, y):
-    return jnp.lcm(x, y)
+    """Eager's calc_lcm: |x / gcd * y| in C's integer arithmetic (int8/int16/uint8 promoted to
+    int, then wrapped into the dtype), 0 where gcd is 0."""
+    x, y = jnp.broadcast_arrays(*_pair(x, y))
+    g = _gcd(x, y)
+    nz = g != 0
+    wide = jnp.int32 if x.dtype.itemsize < 4 else x.dtype
+    q = lax.div(x.astype(wide), jnp.where(nz, g, 1).astype(wide)) * y.astype(wide)
+    q = q if jnp.issubdtype(wide, jnp.unsignedinteger) else lax.abs(q)
+    return jnp.where(nz, q, 0).astype(x.dtype)
 
 
 def _shift_dtype(x, y):
