@@ -481,3 +481,21 @@ def test_overloads_of_one_op_do_not_share_an_executable():
     second = torch.pow(lazy, torch.tensor(0)).cpu()
     assert bits_equal(torch.view_as_real(first), torch.view_as_real(torch.pow(x, 0)))
     assert bits_equal(torch.view_as_real(second), torch.view_as_real(torch.pow(x, torch.tensor(0))))
+
+
+def test_tensor_values_converted_checked_where_eager_reads_them():
+    """masked_fill and index_fill read a 0-d CPU tensor value with `.item()` and convert it the
+    checked way (300 into uint8 raises); fill_ and where wrap it. Each in a sequence of values,
+    so a recording plan made by a value that fits does not serve one that does not."""
+    ops = {
+        "masked_fill": lambda t, v: t.masked_fill(t > 1, v),
+        "index_fill": lambda t, v: t.index_fill(0, torch.tensor([0], device=t.device), v),
+        "fill_": lambda t, v: t.clone().fill_(v),
+        "where": lambda t, v: torch.where(t > 1, t, v),
+    }
+    base = torch.tensor([1, 2], dtype=torch.uint8)
+    for name, fn in ops.items():
+        for v in (3, 300, 3, -1, 255.5, -300):
+            expected = _outcome(fn, base, torch.tensor(v))
+            actual = _outcome(fn, base.to(dev), torch.tensor(v))
+            assert _same_outcome(actual, expected), (name, v, actual, expected)

@@ -158,6 +158,9 @@ STORES_SCALAR = frozenset(("aten::full", "aten::full_like", "aten::fill", "aten:
 # Ops that store a `Scalar` converted the checked way but are not probed (pointwise ops are):
 # Note [Checked scalar conversions] in meta.py.
 _CHECKED_SCALARS = STORES_SCALAR | {"aten::scalar_tensor", "aten::index_fill", "aten::scatter"}
+# Ops whose 0-d CPU tensor value eager reads with `.item()` and converts the same way
+# (`uint8_t.masked_fill(m, torch.tensor(300))` raises; `fill_(torch.tensor(300))` wraps).
+_CHECKED_TENSOR_VALUES = frozenset(("aten::masked_fill", "aten::index_fill"))
 
 
 def _check_fits(v: Any, dtype: torch.dtype) -> None:
@@ -190,7 +193,16 @@ def _is_floating(dtype: torch.dtype) -> bool:
 class Recorder:
     """Turns one call's arguments into (inputs, template) for a node."""
 
-    __slots__ = ("inputs", "ref", "opmath", "opmath_other", "stores", "checked", "floating")
+    __slots__ = (
+        "inputs",
+        "ref",
+        "opmath",
+        "opmath_other",
+        "stores",
+        "checked",
+        "checked_values",
+        "floating",
+    )
 
     def __init__(
         self, ref: torch.Tensor | None, op: str = "", result: torch.dtype | None = None
@@ -205,6 +217,7 @@ class Recorder:
         self.opmath_other = op in _OPMATH_OTHER
         self.stores = op in STORES_SCALAR
         self.checked = op in _CHECKED_SCALARS
+        self.checked_values = op in _CHECKED_TENSOR_VALUES
 
     def tensor(self, t: Any) -> Any:
         if t is None:
@@ -218,6 +231,8 @@ class Recorder:
         if t.dim() == 0:
             dtype = self._promoted(t) if self.ref is not None else t.dtype
             value = t.item()
+            if self.checked_values and self.ref is not None:
+                _check_fits(value, self.ref.dtype)
             if _is_unit(value):
                 return value
             # `other`, not `self`: a tensor was recorded before it (Note [Scalar precision]).

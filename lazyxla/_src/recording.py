@@ -162,7 +162,10 @@ def _plan_key(
                     key.append((v.dtype, x))
                 else:
                     items.append(x)
-                    key.append((v.dtype, _LIFTED))
+                    # (its class: some ops convert it the checked way, Note [Checked scalar
+                    # conversions])
+                    c = scalar_class(x) if type(x) is int or type(x) is float else None
+                    key.append((v.dtype, _LIFTED, c))
                 wrapped = [v] if wrapped is None else [*wrapped, v]
             else:
                 return None
