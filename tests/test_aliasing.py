@@ -291,3 +291,25 @@ def test_device_index_other_than_zero_raises(spec):
     with pytest.raises(RuntimeError, match="one device per process"):
         torch.zeros(2, device=spec)
     assert torch.ones(2).to("jax:0").device == DEV
+
+
+def test_out_tensors_take_the_result_shape_as_in_eager():
+    """An `out=` tensor of another shape is resized to the result's, as eager's resize_output
+    does (silently when empty, with eager's deprecation warning otherwise): `out=torch.empty(0)`
+    kept its shape and read back empty, and a mis-sized one failed to lower."""
+    import warnings
+
+    def run(dev):
+        a = torch.tensor([1.5, -2.0, 3.0], device=dev)
+        empty, sized = torch.empty(0, device=dev), torch.empty(5, device=dev)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.add(a, a, out=empty)
+            torch.addmm(torch.zeros(3, 3, device=dev), a.view(3, 1), a.view(1, 3), out=sized)
+        resized = [w for w in caught if "was resized" in str(w.message)]
+        return empty.cpu(), sized.cpu(), len(resized)
+
+    e_empty, e_sized, e_warned = run("cpu")
+    l_empty, l_sized, l_warned = run(lazyxla.device())
+    assert torch.equal(l_empty, e_empty) and torch.equal(l_sized, e_sized)
+    assert l_warned == e_warned == 1

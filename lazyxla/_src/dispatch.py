@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -634,6 +635,9 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
     check_overlap = not reshapes
     foreach = len(writes) == 1 and specs[writes[0]].is_list_write
+    # `out=` arguments (not `self` of an in-place op) take the result's shape, as eager's
+    # resize_output gives them
+    resized = [i for i in writes if op._schema.arguments[i].is_out and not specs[i].is_list_write]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -649,6 +653,8 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
 
     def run(vals: list[Any]) -> None:
         out_struct = infer(functional, fspecs, vals, lw)
+        if resized:
+            _resize_outputs(out_struct, vals, writes, resized)
         if not _fits(out_struct, vals, specs, writes):
             # PyTorch's own error for a broadcast into self (the in-place meta kernel's), then
             # eager's for a float result into an int tensor (the meta kernels word it otherwise).
@@ -678,6 +684,29 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                     _write_value(t, (node, r))
 
     return kernel
+
+
+def _resize_outputs(out_struct: Any, vals: list[Any], writes: list[int], resized: list[int]):
+    """Eager's resize_output for each `out=` tensor whose shape is not the result's: an empty
+    one silently, another with eager's deprecation warning (an `out=torch.empty(0)` kept its
+    shape and read back empty)."""
+    results = out_struct if len(writes) > 1 else (out_struct,)
+    for i, r in zip(writes, results):
+        t = vals[i]
+        if i not in resized or t is None or not isinstance(r, TensorSpec):
+            continue
+        if tuple(t.shape) != r.shape:
+            if t.numel():
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape "
+                    f"{list(t.shape)}, which does not match the required output shape "
+                    f"{list(r.shape)}. This behavior is deprecated, and in a future PyTorch "
+                    f"release outputs will not be resized unless they have zero elements. You "
+                    f"can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                    f"elements with t.resize_(0).",
+                    stacklevel=4,
+                )
+            t.resize_(r.shape)
 
 
 # Note [Foreach ops that alias]
