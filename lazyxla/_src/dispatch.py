@@ -629,6 +629,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     writes = [i for i, s in enumerate(specs) if s.is_write]
     name, counter = _op_name(functional), _counter_name(op)
     returns_self = len(op._schema.returns) > 0
+    n_returns = len(op._schema.returns)
     # In-place ops that change a tensor's shape, not its values: derived from their functional
     # (view) twin, their result replaces the tensor instead of being written into it.
     reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
@@ -649,7 +650,10 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         else:
             run(vals)
         _trace(t0)
-        return vals[writes[0]] if returns_self else None
+        if not returns_self:
+            return None
+        # (`max.dim_max(..., *, max, max_values)` returns both of its out= tensors)
+        return vals[writes[0]] if n_returns == 1 else tuple(vals[i] for i in writes)
 
     def run(vals: list[Any]) -> None:
         out_struct = infer(functional, fspecs, vals, lw)
