@@ -469,7 +469,7 @@ def _write_value(target: torch.Tensor, value: tuple[Node, int]) -> None:
 
 
 def _targets(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> Any:
-    """(target tensor, result spec) for each tensor an in-place op writes."""
+    """(argument index, target tensor, result spec) for each tensor an in-place op writes."""
     results = out_struct if len(writes) > 1 else (out_struct,)
     for i, res in zip(writes, results):
         targets = vals[i] if specs[i].is_list_write else (vals[i],)
@@ -478,19 +478,19 @@ def _targets(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: lis
             res = (res,)
         for t, r in zip(targets, res):
             if t is not None and r is not None:
-                yield t, r
+                yield i, t, r
 
 
 def _fits(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> bool:
     """Whether each functional result can be written into its target as PyTorch allows."""
     return all(
         tuple(t.shape) == r.shape and torch.can_cast(r.dtype, t.dtype)
-        for t, r in _targets(out_struct, vals, specs, writes)
+        for _, t, r in _targets(out_struct, vals, specs, writes)
     )
 
 
 def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int]):
-    for t, r in _targets(out_struct, vals, specs, writes):
+    for _, t, r in _targets(out_struct, vals, specs, writes):
         if not torch.can_cast(r.dtype, t.dtype):
             raise RuntimeError(
                 f"result type {_dtype_name(r.dtype)} can't be cast to the desired output "
@@ -628,7 +628,6 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     dtype_arg = _dtype_arg(fspecs)
     writes = [i for i, s in enumerate(specs) if s.is_write]
     name, counter = _op_name(functional), _counter_name(op)
-    returns_self = len(op._schema.returns) > 0
     n_returns = len(op._schema.returns)
     # In-place ops that change a tensor's shape, not its values: derived from their functional
     # (view) twin, their result replaces the tensor instead of being written into it.
@@ -638,7 +637,9 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     foreach = len(writes) == 1 and specs[writes[0]].is_list_write
     # `out=` arguments (not `self` of an in-place op) take the result's shape, as eager's
     # resize_output gives them
-    resized = [i for i in writes if op._schema.arguments[i].is_out and not specs[i].is_list_write]
+    resized = frozenset(
+        i for i in writes if op._schema.arguments[i].is_out and not specs[i].is_list_write
+    )
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -650,7 +651,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         else:
             run(vals)
         _trace(t0)
-        if not returns_self:
+        if not n_returns:
             return None
         # (`max.dim_max(..., *, max, max_values)` returns both of its out= tensors)
         return vals[writes[0]] if n_returns == 1 else tuple(vals[i] for i in writes)
@@ -658,12 +659,12 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     def run(vals: list[Any]) -> None:
         out_struct = infer(functional, fspecs, vals, lw)
         if resized:
-            _resize_outputs(out_struct, vals, writes, resized)
+            _resize_outputs(out_struct, vals, specs, writes, resized)
         if not _fits(out_struct, vals, specs, writes):
             # PyTorch's own error for a broadcast into self (the in-place meta kernel's), then
             # eager's for a float result into an int tensor (the meta kernels word it otherwise).
             if not all(
-                tuple(t.shape) == r.shape for t, r in _targets(out_struct, vals, specs, writes)
+                tuple(t.shape) == r.shape for _, t, r in _targets(out_struct, vals, specs, writes)
             ):
                 infer(op, specs, vals)
             _check_casts(out_struct, vals, specs, writes)
@@ -690,16 +691,14 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     return kernel
 
 
-def _resize_outputs(out_struct: Any, vals: list[Any], writes: list[int], resized: list[int]):
+def _resize_outputs(
+    out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int], resized: frozenset
+) -> None:
     """Eager's resize_output for each `out=` tensor whose shape is not the result's: an empty
     one silently, another with eager's deprecation warning (an `out=torch.empty(0)` kept its
     shape and read back empty)."""
-    results = out_struct if len(writes) > 1 else (out_struct,)
-    for i, r in zip(writes, results):
-        t = vals[i]
-        if i not in resized or t is None or not isinstance(r, TensorSpec):
-            continue
-        if tuple(t.shape) != r.shape:
+    for i, t, r in _targets(out_struct, vals, specs, writes):
+        if i in resized and tuple(t.shape) != r.shape:
             if t.numel():
                 warnings.warn(
                     f"An output with one or more elements was resized since it had shape "

@@ -329,30 +329,22 @@ def _probed(op: OpOverload) -> bool:
     )
 
 
-def _probe_value(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        if v.device.type != DEVICE_TYPE:
-            return v
-        if v.dtype in _UNPROBED_DTYPES:
-            raise _NoProbe
-        return torch.ones((1,) * v.dim(), dtype=v.dtype)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_probe_value(x) for x in v)
-    return v
-
-
 _SHAPED_PROBE_LIMIT = 4096  # elements of a probe on zeros of the real shape
 
 
-def _shaped_probe_value(v: Any) -> Any:
+def _probe_value(v: Any, shaped: bool = False) -> Any:
+    """`v` as the probe passes it: a lazy tensor as ones of one element per dimension, or
+    (`shaped`) as zeros of its own shape."""
     if isinstance(v, torch.Tensor):
         if v.device.type != DEVICE_TYPE:
             return v
-        if v.dtype in _UNPROBED_DTYPES or v.numel() > _SHAPED_PROBE_LIMIT:
+        if v.dtype in _UNPROBED_DTYPES or shaped and v.numel() > _SHAPED_PROBE_LIMIT:
             raise _NoProbe
-        return torch.zeros(v.shape, dtype=v.dtype)
+        if shaped:
+            return torch.zeros(v.shape, dtype=v.dtype)
+        return torch.ones((1,) * v.dim(), dtype=v.dtype)
     if isinstance(v, (list, tuple)):
-        return type(v)(_shaped_probe_value(x) for x in v)
+        return type(v)(_probe_value(x, shaped) for x in v)
     return v
 
 
@@ -361,22 +353,25 @@ class _NoProbe(Exception):
 
 
 def _eager_probe(
-    op: OpOverload, specs: list[ArgSpec], vals: list[Any], dtype_only: bool = False
+    op: OpOverload, specs: list[ArgSpec], vals: list[Any], shaped: bool = False
 ) -> None:
     """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
-    ops]). `dtype_only` (`_DTYPE_PROBED`): on zeros of the real shapes, every error of eager's;
-    on one-element tensors (a larger input), only a refusal of the dtypes."""
-    try:
-        args, kwargs = _split_args(specs, vals, _shaped_probe_value if dtype_only else _probe_value)
-        refusal_only = False
-    except _NoProbe:
-        if not dtype_only:
-            return
+    ops]). `shaped` (`_DTYPE_PROBED`): on zeros of the real shapes, every error of eager's; past
+    the size limit on one-element tensors, only a refusal of the dtypes."""
+
+    def probe_args(shaped: bool) -> tuple | None:
         try:
-            args, kwargs = _split_args(specs, vals, _probe_value)
+            return _split_args(specs, vals, lambda v: _probe_value(v, shaped))
         except _NoProbe:
-            return
-        refusal_only = True
+            return None
+
+    probe = probe_args(True) if shaped else None
+    refusal_only = shaped and probe is None
+    if probe is None:
+        probe = probe_args(False)
+    if probe is None:
+        return
+    args, kwargs = probe
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the op itself warns where eager would
@@ -503,7 +498,7 @@ def infer_layout(
     if _probed(op):
         _eager_probe(op, specs, vals)
     elif op in _DTYPE_PROBED:
-        _eager_probe(op, specs, vals, dtype_only=True)
+        _eager_probe(op, specs, vals, shaped=True)
     try:
         meta = _meta_call(op, specs, vals)
         out = _cpu_specs(op, vals, _meta_specs(meta))

@@ -344,32 +344,23 @@ def _square(x):
     return sq
 
 
+# Complex exponents take the same formulas; `_true_divide` divides a complex 1 as
+# c10::complex does (1 / 0 is inf+nanj). Any other exponent takes std::pow, i.e. for complex
+# glibc's cpow, exp(y * log(x)) under C's complex arithmetic: for a zero base that is 0 (with the
+# sign C's infinities give its imaginary part) where Re y > 0, inf+nanj where Re y < 0, NaN
+# otherwise; XLA's pow gave NaN for 0 ** (1+1j) and 1 for 0 ** 0.
 _POW_FORMULAS = (
     (2.0, lambda x: x * x),
     (3.0, lambda x: _square(x) * x),
     (0.5, jnp.sqrt),
-    (-0.5, lambda x: 1 / jnp.sqrt(x)),
-    (-1.0, lambda x: 1 / x),
-    (-2.0, lambda x: 1 / _square(x)),
-)
-
-
-# Complex exponents take the same formulas (1 / x as c10::complex divides: 1 / 0 is inf+nanj);
-# any other exponent std::pow, i.e. glibc's cpow, exp(y * log(x)) under C's complex arithmetic:
-# for a zero base that is 0 (with the sign C's infinities give its imaginary part) where Re y > 0,
-# inf+nanj where Re y < 0, NaN otherwise; XLA's pow gave NaN for 0 ** (1+1j) and 1 for 0 ** 0.
-_COMPLEX_POW_FORMULAS = (
-    (2.0, lambda x: x * x),
-    (3.0, lambda x: x * x * x),
-    (0.5, jnp.sqrt),
     (-0.5, lambda x: _true_divide(1, jnp.sqrt(x))),
     (-1.0, lambda x: _true_divide(1, x)),
-    (-2.0, lambda x: _true_divide(1, x * x)),
+    (-2.0, lambda x: _true_divide(1, _square(x))),
 )
 
 
 def _complex_pow(x, y):
-    """std::pow of complex operands (see _COMPLEX_POW_FORMULAS)."""
+    """std::pow of complex operands (see _POW_FORMULAS)."""
     out = jnp.power(x, y)
     yr, yi = jnp.real(y), jnp.imag(y)
     real = jnp.where(yr > 0, 0.0, jnp.where(yr < 0, jnp.inf, jnp.nan)).astype(yr.dtype)
@@ -387,13 +378,14 @@ def pow_tensor_scalar(x, y):
         return x * x
     out = _power(x, y)
     x = jnp.asarray(x)
-    if jnp.ndim(y) == 0 and x.dtype == out.dtype:
-        if jnp.issubdtype(out.dtype, jnp.floating) and out_dtype() != jnp.float16:
-            for c, formula in _POW_FORMULAS:
-                out = jnp.where(y == c, formula(x), out)
-        elif jnp.issubdtype(out.dtype, jnp.complexfloating):
-            for c, formula in _COMPLEX_POW_FORMULAS:
-                out = jnp.where(y == c, formula(x), out)
+    if (
+        jnp.ndim(y) == 0
+        and x.dtype == out.dtype
+        and jnp.issubdtype(out.dtype, jnp.inexact)
+        and out_dtype() != jnp.float16
+    ):
+        for c, formula in _POW_FORMULAS:
+            out = jnp.where(y == c, formula(x), out)
     return out
 
 
@@ -657,10 +649,10 @@ def round_decimals(x, *, decimals):
 
 @lowering(aten.hypot.default)
 def hypot(x, y):
-    """Correctly rounded as eager's (Sleef's 0.5-ulp hypot): float32 through float64's
-    sqrt(x*x + y*y), float64 as sqrt(x*x + y*y) where that neither overflows nor underflows
-    (jnp.hypot's x * sqrt(1 + (y/x)**2) was an ulp off in a third of the elements); inf where
-    either is infinite, NaN or not (C's hypot)."""
+    """As eager's (Sleef's 0.5-ulp hypot): float32 correctly rounded, through float64's
+    sqrt(x*x + y*y); float64 within an ulp, as sqrt(x*x + y*y) where that neither overflows nor
+    underflows (jnp.hypot's x * sqrt(1 + (y/x)**2) was an ulp off in a third of the elements);
+    inf where either is infinite, NaN or not (C's hypot)."""
     x, y = jnp.asarray(x), jnp.asarray(y)
     dt = jnp.result_type(x, y)
     if dt == jnp.float32:

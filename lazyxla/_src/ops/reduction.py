@@ -266,8 +266,8 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     # Every NaN is larger than any number, as in eager. XLA's top_k orders floats totally, so a
     # NaN with its sign bit set (x86's 0/0, torch's bf16 NaN) ranked below -inf and -0.0 below
     # 0.0: top_k reads NaNs made positive and zeros made +0.0, and the values are gathered from
-    # the input. The smallest k were the
-    # top k of -x (NaN first; unsigned ints wrapped): they are a stable sort's first k.
+    # the input. The smallest k were the top k of -x (NaN first; unsigned ints wrapped): they
+    # are a stable sort's first k.
     if largest:
         key = xm
         if jnp.issubdtype(xm.dtype, jnp.floating):  # (and -0.0 ties with 0.0, as in eager)
@@ -304,9 +304,9 @@ def aminmax(x, *, dim=None, keepdim=False):
     if x.ndim == 0:
         return x, x
     # (the values at the first extremes, as min.dim's and max.dim's)
-    return _extreme_dim(x, dim, keepdim, jnp.argmin)[0], _extreme_dim(x, dim, keepdim, jnp.argmax)[
-        0
-    ]
+    low, _ = _extreme_dim(x, dim, keepdim, jnp.argmin)
+    high, _ = _extreme_dim(x, dim, keepdim, jnp.argmax)
+    return low, high
 
 
 @lowering(aten.count_nonzero.dim_IntList)
