@@ -318,3 +318,74 @@ def test_out_tensors_take_the_result_shape_as_in_eager():
     for e, a in zip(expected, actual):
         assert torch.equal(a, e) if isinstance(e, torch.Tensor) else a == e
     assert expected[2] == 1
+
+
+# Inexact in float32 (a float64 out shows which dtype computed) and fractional (an int32 out
+# shows the elements truncated first); for a float16 out, values whose sums and products are
+# exact in float16, since eager's float16 `prod` rounds at every step in its vector lanes
+# (ISA-dependent) where lazyxla rounds once.
+_X = torch.tensor([1.5, 2.7, -3.9, 1000.25, -7.0, 0.3])
+_X16 = torch.tensor([1.5, 2.0, -3.0, 4.0, -0.5, 0.25])
+_OUT_DTYPE_OPS = {
+    "sum": lambda x, o: torch.sum(x, 0, out=o),
+    "sum.out": lambda x, o: torch.ops.aten.sum.out(x, out=o),
+    "nansum": lambda x, o: torch.nansum(x, 0, out=o),
+    "mean": lambda x, o: torch.mean(x, 0, out=o),
+    "prod": lambda x, o: torch.prod(x, 0, out=o),
+    "prod.out": lambda x, o: torch.ops.aten.prod.out(x, out=o),
+    "cumsum": lambda x, o: torch.cumsum(x, 0, out=o),
+    "cumprod": lambda x, o: torch.cumprod(x, 0, out=o),
+    "amax": lambda x, o: torch.amax(x, 0, out=o),
+    "vector_norm": lambda x, o: torch.linalg.vector_norm(x, 2, 0, out=o),
+    "mm": lambda x, o: torch.mm(x.view(2, 3), x.view(3, 2), out=o),
+    "add": lambda x, o: torch.add(x, 0.1, out=o),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(_OUT_DTYPE_OPS))
+def test_out_tensors_of_another_dtype_as_in_eager(name, dtype):
+    """Note [Out= tensors of another dtype]: reductions and scans with a `dtype` argument compute
+    in the out tensor's dtype (`sum(f32, out=int32_t)` sums the truncated elements; with a float64
+    out, in float64), others refuse the mismatch. lazyxla computed in float32 and cast, or raised
+    where eager computes."""
+    fn = _OUT_DTYPE_OPS[name]
+
+    x = _X16 if dtype == torch.float16 else _X
+
+    def run(dev):
+        out = torch.empty(0, dtype=dtype, device=dev)
+        try:
+            fn(x.to(dev), out)
+        except (RuntimeError, NotImplementedError) as e:
+            return e
+        return out.cpu()
+
+    expected, actual = run("cpu"), run(DEV)
+    if isinstance(expected, Exception):
+        assert isinstance(actual, type(expected)), actual
+        assert str(actual).split("\n")[0] == str(expected).split("\n")[0]
+    else:
+        assert isinstance(actual, torch.Tensor), actual
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        # (float64 references: eager's own f32 sums round as XLA's may not, so compare values
+        # at the out dtype's precision; the computation dtype shows as a large difference)
+        tol = {torch.float16: 1e-3, torch.float64: 1e-15}.get(dtype, 0)
+        torch.testing.assert_close(actual, expected, rtol=tol, atol=0)
+
+
+def test_cpu_fallback_resizes_out_tensors():
+    """An op without a lowering resizes its `out=` tensor as eager does (the host copy's storage
+    was not resizable: "Trying to resize storage that is not resizable")."""
+    import warnings
+
+    def run(dev):
+        o, p = torch.empty(3, device=dev), torch.empty(0, device=dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.arange(5, out=o)
+            torch.linspace(0, 1, 4, out=p)
+        return o.cpu(), p.cpu()
+
+    for e, a in zip(run("cpu"), run(DEV)):
+        assert torch.equal(a, e)

@@ -50,6 +50,7 @@ from .meta import (
     _sig,
     bind,
     infer,
+    out_dtype_probe,
 )
 from .ops.registry import Lowering
 from .tensor import (
@@ -640,6 +641,12 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     resized = frozenset(
         i for i in writes if op._schema.arguments[i].is_out and not specs[i].is_list_write
     )
+    # a `dtype` argument an out= tensor's dtype fills (Note [Out= tensors of another dtype])
+    dtype_slot = next(
+        (i for i, s in enumerate(specs) if s.name == "dtype" and not s.is_write), None
+    )
+    if len(resized) != 1 or len(writes) != 1:
+        dtype_slot = None
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -658,6 +665,13 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
 
     def run(vals: list[Any]) -> None:
         out_struct = infer(functional, fspecs, vals, lw)
+        if resized and any(
+            t.dtype != r.dtype for _, t, r in _targets(out_struct, vals, specs, writes)
+        ):
+            out_dtype_probe(op, functional, specs, vals)  # Note [Out= tensors of another dtype]
+            if dtype_slot is not None and vals[dtype_slot] is None:
+                vals[dtype_slot] = vals[writes[0]].dtype
+                out_struct = infer(functional, fspecs, vals, lw)
         if resized:
             _resize_outputs(out_struct, vals, specs, writes, resized)
         if not _fits(out_struct, vals, specs, writes):

@@ -93,9 +93,15 @@ def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
         kwargs = dict(kwargs)
     cpu_args = _to_cpu(args)
     cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    schema_args = op._schema.arguments
+    for i, a in enumerate(schema_args):
+        if a.is_out:  # eager may resize it: a resizable copy (a download's storage is not)
+            if i < len(cpu_args):
+                cpu_args = (*cpu_args[:i], _resizable(cpu_args[i]), *cpu_args[i + 1 :])
+            elif a.name in cpu_kwargs:
+                cpu_kwargs[a.name] = _resizable(cpu_kwargs[a.name])
     out = op(*cpu_args, **cpu_kwargs)
     # Write back every argument the op mutates.
-    schema_args = op._schema.arguments
     returned_alias: dict[int, torch.Tensor] = {}
     for i, a in enumerate(schema_args):
         if not (a.alias_info and a.alias_info.is_write):
@@ -110,6 +116,14 @@ def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
             _assign(o, n)
             returned_alias[id(n)] = o
     return _wrap(out, returned_alias)
+
+
+def _resizable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_resizable(x) for x in v)
+    return v
 
 
 def _assign(target: torch.Tensor, cpu_value: torch.Tensor) -> None:

@@ -383,6 +383,53 @@ def _eager_probe(
             raise type(e)(*e.args) from None
 
 
+# Note [Out= tensors of another dtype]
+# An `out=` tensor whose dtype is not the result's: eager's kernels decide, overload by overload,
+# and the meta kernels disagree with them. `torch.sum(f32, 0, out=int32_t)` computes the sum in
+# int32 (the elements are cast first: [1.5, 2.7] sums to 3), as do the other reductions and scans
+# with a `dtype` argument (nansum, mean, prod.int_out, cumsum, cumprod): their out dtype is their
+# computation dtype, which is what `dtype=` would give. `sum.out` (no dims), `prod.out`, `amax`,
+# `norm`s and `mm` refuse the mismatch ("Expected out tensor to have dtype float"), though the
+# meta kernels of several accept it; pointwise ops compute in the inputs' dtype and cast. So such a
+# call is probed once per signature with the out op itself, eagerly, and raises eager's error; a
+# `dtype` argument left None then takes the out tensor's dtype (`out_dtype_probe`'s answer).
+# Pointwise ops, reductions and products decide on dtypes alone, so they are probed on
+# one-element tensors; other ops on zeros of the real shapes, where small enough.
+_PRODUCTS = frozenset(
+    (
+        _aten.mm.default,
+        _aten.bmm.default,
+        _aten.addmm.default,
+        _aten.baddbmm.default,
+        _aten.addbmm.default,
+        _aten.mv.default,
+        _aten.addmv.default,
+        _aten.dot.default,
+        _aten.vdot.default,
+    )
+)
+_OUT_PROBED: set[tuple] = set()
+
+
+def out_dtype_probe(
+    op: OpOverload, functional: OpOverload, specs: list[ArgSpec], vals: list[Any]
+) -> None:
+    """Raise eager's error if eager refuses this `out=` call's dtypes (Note [Out= tensors of
+    another dtype]); once per signature."""
+    key = (op, *map(_layout_sig, vals))
+    if key in _OUT_PROBED:
+        return
+    shaped = not (_probed(functional) or functional in _PRODUCTS)
+    # out= tensors as empty CPU ones of their dtype: resized silently (a one-element probe's
+    # resize warns, and C++ warnings surface at the outermost op, past any filter here)
+    probe_vals = [
+        torch.empty(0, dtype=v.dtype) if s.is_write and isinstance(v, torch.Tensor) else v
+        for s, v in zip(specs, vals)
+    ]
+    _eager_probe(op, specs, probe_vals, shaped=shaped)
+    _OUT_PROBED.add(key)
+
+
 class EagerRefused(NotImplementedError):
     """Eager's "not implemented for 'ComplexFloat'": the dtype is refused, the op is not missing
     (a kernel's NotImplementedError from the meta call means a data-dependent output shape)."""

@@ -279,6 +279,20 @@ def test_integer_pow_negative_exponent():
     assert_same(torch.pow(2, exp.to(DEV)).cpu(), torch.pow(2, exp), exact=True)
 
 
+def test_bool_tensor_to_a_bool_power_stays_bool():
+    """`b ** True` is a bool copy in eager and `b ** False` bool ones (the meta kernel says
+    int64, which lazyxla returned); `b ** 2` is int64 in both."""
+    b = torch.tensor([True, False, True])
+    for f in (
+        lambda x: torch.pow(x, True),
+        lambda x: torch.pow(x, False),
+        lambda x: x.clone().pow_(True),
+        lambda x: x.clone().pow_(False),
+        lambda x: torch.pow(x, 2),
+    ):
+        assert_same(f(b.to(DEV)).cpu(), f(b), exact=True)
+
+
 # Note [Integer inputs, floating results]: integer and bool inputs computed in the result's dtype.
 INT_TO_FLOAT = {
     "sin": torch.sin,

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..meta import META_RULES
 from .registry import (
     bool_to,
     float_operand,
@@ -633,6 +634,22 @@ def softplus_backward(grad, x, beta, threshold):
 @lowering(aten.pow_.Scalar)
 def pow_inplace_scalar(x, y):
     return pow_tensor_scalar(x, y)
+
+
+def _bool_pow_meta(op):
+    """A bool tensor to a bool power stays bool in eager (result_type(bool_t, True): `b ** True`
+    copies, `b ** False` fills ones); the meta kernel, PyTorch's reference, promotes to long."""
+
+    def meta(x, y):
+        if x.dtype == torch.bool and type(y) is bool:
+            return x if op is aten.pow_.Scalar else torch.empty_like(x)
+        return op(x, y)
+
+    META_RULES[op] = meta
+
+
+_bool_pow_meta(aten.pow.Tensor_Scalar)
+_bool_pow_meta(aten.pow_.Scalar)
 
 
 @lowering(aten.round.decimals)
