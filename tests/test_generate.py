@@ -131,6 +131,42 @@ def test_read_in_a_loop_cuts_the_pending_state_each_iteration():
     assert reads == pytest.approx(ref[2], rel=1e-6)
 
 
+def test_read_sync_walks_only_the_new_piece_of_a_growing_cat():
+    """A sequence grown by cat and left pending over data: each read sync walks the moves above
+    the last cut, not the whole chain (the walk grew with the sequence), and the sequence's value
+    is unchanged."""
+    from lazyxla._src import graph
+    from lazyxla._src.tensor import state
+
+    walked: list[int] = []
+    orig = graph._move_graph
+
+    def counting(v):
+        order = orig(v)
+        walked.append(len(order))
+        return order
+
+    def loop(dev: str, n: int) -> torch.Tensor:
+        seq = torch.zeros(1, 1, device=dev)
+        x = torch.ones(4, device=dev)
+        for _ in range(n):
+            x = torch.sin(x) + seq[:, -1]
+            seq = torch.cat([seq, x[:1].view(1, 1)], dim=1)
+            float(x.sum())
+        return seq
+
+    ref = loop("cpu", 40)
+    graph._move_graph = counting
+    try:
+        seq = loop(DEV, 40)
+        assert state(seq).is_pending  # still a chain of cats, not run
+        per_read = walked[-10:]
+    finally:
+        graph._move_graph = orig
+    assert max(per_read) <= 4, per_read  # was about twice the chain's length
+    torch.testing.assert_close(seq.cpu(), ref)
+
+
 def test_read_sync_all_can_be_turned_off():
     from lazyxla._src.config import FLAGS
 

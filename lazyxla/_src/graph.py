@@ -490,12 +490,23 @@ _MOVES = frozenset(
     )
 )
 _LEAVES = frozenset((DEVICE_DATA, SCALAR, CONSTANT))
+# `Node.meta` of a move node with only leaves, ops without inputs and such nodes beneath: nothing
+# under it is ever cut or rebased again, so the walks below stop there. A generated sequence
+# (`ids = cat([ids, tok])` each token) stays a pending chain of cats over data: without the mark
+# every read sync walked the whole chain twice, a cost growing with the tokens generated.
+_SETTLED = "moves with nothing to cut beneath"
+
+
+def _settled(n: Node) -> bool:
+    return not n.inputs or (n.meta is _SETTLED and n.op in _MOVES)
 
 
 def _move_graph(v: tuple[Node, int]) -> list[Node]:
     """The move nodes of the pending graph under `v`, inputs before users (it stops at leaves,
-    at ops without inputs and at ops that compute)."""
+    at ops without inputs, at ops that compute and at settled moves)."""
     order: list[Node] = []
+    if v[0].meta is _SETTLED:
+        return order
     seen: set[int] = set()
     stack: list[tuple[Node, bool]] = [(v[0], False)]
     while stack:
@@ -508,7 +519,7 @@ def _move_graph(v: tuple[Node, int]) -> list[Node]:
         seen.add(id(n))
         stack.append((n, True))
         for x, _ in n.inputs:
-            if x.op in _MOVES and id(x) not in seen:
+            if x.op in _MOVES and id(x) not in seen and x.meta is not _SETTLED:
                 stack.append((x, False))
     return order
 
@@ -547,8 +558,11 @@ def _rebase(moves: list[LazyState], held: dict[tuple[int, int], Any]) -> None:
                 else:
                     r = new.get(id(m))
                     ins.append((r, k) if r is not None else v)
+            r = n
             if any(a is not b for a, b in zip(ins, n.inputs)):
-                new[id(n)] = n.with_inputs(tuple(ins))
+                r = new[id(n)] = n.with_inputs(tuple(ins))
+            if r.meta is None and all(_settled(m) for m, _ in r.inputs):
+                r.meta = _SETTLED
         r = new.get(id(x.value[0]))
         if r is not None:
             x.value = (r, x.value[1])
