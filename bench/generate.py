@@ -1,11 +1,14 @@
 """Text generation: transformers' `model.generate()` on lazyxla beside eager CPU.
 
 A 2-layer Llama built from a config (random weights, no hub), greedy decoding of `--tokens` new
-tokens with `cache_implementation="static"`, and GPT-2 with its default dynamic cache. For each:
-compiles (`UncachedCompile`) of the first and of a second call, time to first token and
-per-token latency (from a call with 1 new token and one with N), both beside eager's, and whether
-the tokens equal eager's. See Note [What a value read syncs] for the policy that keeps the static
-cache loop at one graph per token.
+tokens with `cache_implementation="static"`, recorded lazily and with its decoding step compiled
+(transformers' `CompileConfig(backend="lazyxla")`: dynamo traces the step once and lazyxla replays
+it), and GPT-2 with its default dynamic cache. For each: compiles (`UncachedCompile`) of the first
+and of a second call, time to first token and per-token latency (from a call with 1 new token and
+one with N), both beside eager's, and whether the tokens equal eager's. `--hidden` takes several
+sizes: on a small model eager's per-op cost (~1 us on tiny tensors) is below lazyxla's recording
+floor (~4 us), on a larger one the executable's speed decides. See Note [What a value read syncs]
+for the policy that keeps the static cache loop at one graph per token.
 """
 
 from __future__ import annotations
@@ -51,10 +54,22 @@ def _compiles() -> int:
     return metrics.counter_value("UncachedCompile") or 0
 
 
-def generate(model: torch.nn.Module, ids: torch.Tensor, n: int, static: bool) -> torch.Tensor:
+def compile_config() -> transformers.CompileConfig:
+    """transformers' automatic compilation of the decoding step, with lazyxla's backend (its
+    `_compile_all_devices` flag: transformers compiles on its own only on the devices it knows)."""
+    cc = transformers.CompileConfig(backend="lazyxla")
+    cc._compile_all_devices = True
+    return cc
+
+
+def generate(
+    model: torch.nn.Module, ids: torch.Tensor, n: int, static: bool, compiled: bool = False
+) -> torch.Tensor:
     kw = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False}
     if static:
         kw["cache_implementation"] = "static"
+    if compiled:
+        kw["compile_config"] = compile_config()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
     return out.cpu()
@@ -70,9 +85,17 @@ def timed(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run(name: str, make, static: bool, args: argparse.Namespace, table: Table) -> None:
+def run(
+    name: str,
+    make,
+    static: bool,
+    args: argparse.Namespace,
+    hidden: int,
+    table: Table,
+    compiled: bool = False,
+) -> None:
     torch.manual_seed(0)
-    model = make(args.hidden, args.vocab)
+    model = make(hidden, args.vocab)
     ids = torch.randint(0, args.vocab, (1, args.prompt))
     n = args.tokens
     ref = generate(model, ids, n, static)
@@ -82,21 +105,22 @@ def run(name: str, make, static: bool, args: argparse.Namespace, table: Table) -
     dev = lazyxla.device()
     model.to(dev)
     ids_d = ids.to(dev)
+    torch._dynamo.reset()  # (each model compiles its own step)
     c0 = _compiles()
     t0 = time.perf_counter()
-    out = generate(model, ids_d, n, static)
+    out = generate(model, ids_d, n, static, compiled)
     cold = time.perf_counter() - t0
     first_call = _compiles() - c0
     c1 = _compiles()
-    generate(model, ids_d, n, static)
+    generate(model, ids_d, n, static, compiled)
     second_call = _compiles() - c1
-    generate(model, ids_d, 1, static)  # warm the 1-token graphs
-    l_first = timed(lambda: generate(model, ids_d, 1, static), args.repeats)
-    l_all = timed(lambda: generate(model, ids_d, n, static), args.repeats)
+    generate(model, ids_d, 1, static, compiled)  # warm the 1-token graphs
+    l_first = timed(lambda: generate(model, ids_d, 1, static, compiled), args.repeats)
+    l_all = timed(lambda: generate(model, ids_d, n, static, compiled), args.repeats)
     e_tok = (e_all - e_first) / (n - 1)
     l_tok = (l_all - l_first) / (n - 1)
     table.add_row(
-        name,
+        f"{name}, hidden {hidden}",
         f"{first_call} / {second_call}",
         f"{cold:.1f}",
         f"{e_first * 1e3:.1f} / {l_first * 1e3:.1f}",
@@ -111,14 +135,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--prompt", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--hidden", default="256,1024", help="model widths, comma-separated")
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--models", default="llama,gpt2")
     args = p.parse_args()
     table = Table(
-        title=f"generate(): 2 layers, hidden {args.hidden}, vocab {args.vocab}, prompt "
-        f"{args.prompt}, {args.tokens} new tokens (eager / lazyxla)"
+        title=f"generate(): 2 layers, vocab {args.vocab}, prompt {args.prompt}, {args.tokens} new "
+        "tokens (eager / lazyxla)"
     )
     for col in (
         "model",
@@ -130,10 +154,12 @@ def main() -> None:
         "tokens = eager",
     ):
         table.add_column(col, justify="right")
-    if "llama" in args.models:
-        run("llama static cache", llama, True, args, table)
-    if "gpt2" in args.models:
-        run("gpt2 dynamic cache", gpt2, False, args, table)
+    for hidden in (int(h) for h in args.hidden.split(",")):
+        if "llama" in args.models:
+            run("llama static cache", llama, True, args, hidden, table)
+            run("llama static cache, step compiled", llama, True, args, hidden, table, True)
+        if "gpt2" in args.models:
+            run("gpt2 dynamic cache", gpt2, False, args, hidden, table)
     Console(width=200).print(table)
 
 

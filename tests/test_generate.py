@@ -88,6 +88,34 @@ def test_static_cache_decode_compiles_three_graphs_for_any_length():
     assert torch.equal(again, ref11)
 
 
+@pytest.mark.parametrize("options", [None, {"sync": False}], ids=["sync", "no-sync"])
+def test_compiled_decoding_step_equals_eager_with_graphs_independent_of_length(options):
+    """transformers' automatic compilation of the decoding step with lazyxla's backend (its
+    CompileConfig's default mode included): tokens equal eager's, and the graphs do not grow with
+    the sequence. The compiled step's pending inputs ran in a full sync, which also ran the
+    sequence's growing cat: two new graphs every token (47 compiles for 24 tokens)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = _llama()
+    ids = torch.tensor([[3, 14, 15, 9]])
+    ref = _generate(model, ids, 10, cache_implementation="static")
+    model.to(DEV)
+    cc = transformers.CompileConfig(backend="lazyxla")
+    if options is not None:
+        cc = transformers.CompileConfig(backend="lazyxla", mode=None, options=options)
+    cc._compile_all_devices = True
+    kw = dict(cache_implementation="static", compile_config=cc)
+    c0 = _uncached()
+    out = _generate(model, ids.to(DEV), 10, **kw)
+    first = _uncached() - c0
+    assert torch.equal(out, ref)
+    c1 = _uncached()
+    assert torch.equal(_generate(model, ids.to(DEV), 10, **kw), ref)
+    assert _uncached() == c1
+    assert first <= 4, first  # prefill, the compiled step, reads around it: not one per token
+
+
 def test_dynamic_cache_generate_equals_eager_with_one_graph_per_length():
     torch.manual_seed(0)
     model = _gpt2()

@@ -158,14 +158,16 @@ class Trace:
         self.n_roots = len(roots)
 
     def replay(self, args: Sequence[Any], sync: bool) -> Any:
-        if (
-            sync
-            and not self.collectives  # (their ordering token is an input: kept in one graph)
-            and any(leaf.kind == "arg" and state(args[leaf.arg]).is_pending for leaf in self.leaves)
-        ):
-            # As torch_xla's bridge: pending inputs run first, in their own graph, so the
-            # compiled program is the same whatever produced its inputs.
-            graph.sync(cause=analysis.DYNAMO_INPUTS)
+        if sync and not self.collectives:  # (their ordering token is an input: one graph)
+            pending = [
+                s
+                for s in (state(args[leaf.arg]) for leaf in self.leaves if leaf.kind == "arg")
+                if s.is_pending
+            ]
+            if pending:
+                # As torch_xla's bridge: pending inputs run first, in their own graph, so the
+                # compiled program is the same whatever produced its inputs.
+                graph.sync_inputs(pending, analysis.DYNAMO_INPUTS)
         if self.donors or _any_marked(args):
             _mark_donors(self.donors, args)  # See Note [Buffer donor config]
         if self.collectives:
@@ -329,12 +331,27 @@ def _make_compiler(sync: bool) -> Callable:
     return compiler
 
 
+# torch.compile's modes, which `torch.compile(backend=..., mode=...)` passes to any backend
+# (transformers' CompileConfig passes "reduce-overhead" by default). lazyxla has one: each graph is
+# traced once and its executable replayed, which is what "reduce-overhead" asks of inductor.
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def lazyxla_backend(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: dict | None = None,
+    mode: str | None = None,
 ) -> Callable:
     """The `torch.compile(backend="lazyxla")` entry point (see Note [Trace once])."""
     from torch._dynamo.backends.common import aot_autograd
 
+    if mode not in _MODES:
+        raise ValueError(
+            f"torch.compile(backend='lazyxla', mode={mode!r}): unknown mode; lazyxla accepts "
+            f"{', '.join(repr(m) for m in _MODES)} and runs each the same way (trace once, "
+            "replay the executable)"
+        )
     sync = True if options is None else bool(options.get("sync", True))
     compiler = _make_compiler(sync)
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)

@@ -398,9 +398,9 @@ def sync_states(
 # that open manual sharding regions or run as several processes (see `sync_read`).
 
 
-def _outside_open_regions(states: list[LazyState], keep: LazyState) -> list[LazyState]:
+def _outside_open_regions(states: list[LazyState], keep: set[int]) -> list[LazyState]:
     """`states` without the local tensors of open manual sharding regions (they run only inside
-    their region's shard_map, once it is closed); `keep` (the tensor read) always stays."""
+    their region's shard_map, once it is closed); the states in `keep` (ids) always stay."""
     from . import manual
 
     if not manual._regions_opened:
@@ -409,7 +409,7 @@ def _outside_open_regions(states: list[LazyState], keep: LazyState) -> list[Lazy
     for n in post_order([x.value[0] for x in states]):
         if n.op == manual.FULL_TO_SHARD or any(id(i) in inside for i, _ in n.inputs):
             inside.add(id(n))
-    return [x for x in states if x is keep or id(x.value[0]) not in inside]
+    return [x for x in states if id(x) in keep or id(x.value[0]) not in inside]
 
 
 def sync_read(s: LazyState) -> None:
@@ -424,31 +424,57 @@ def sync_read(s: LazyState) -> None:
         # run the step's collectives, which the others run at their sync: torch_xla's policy.
         sync_states([s])
         return
+    _sync_with_pending([s], analysis.VALUE_ACCESS)
+
+
+def sync_inputs(states: list[LazyState], cause: str) -> None:
+    """Run the pending `states` (a compiled graph's arguments) as a value read runs its tensor
+    (Note [What a value read syncs]): with every pending tensor but move graphs, so that a
+    sequence growing by `cat` beside a compiled decoding step is not a new graph every step.
+    Under torch_xla's policy (LAZYXLA_READ_SYNCS_ALL=0, several processes) a full sync, as
+    torch_xla's dynamo bridge does."""
+    if not FLAGS.read_syncs_all or collectives.active():
+        sync(cause=cause)
+        return
+    for x in states:
+        read(x)
+    _sync_with_pending([x for x in states if x.is_pending or x.failed is not None], cause)
+
+
+def _sync_with_pending(keep: list[LazyState], cause: str) -> None:
+    """Run `keep` with every live pending tensor except those made of moves alone, and the
+    computed values right under those (Note [What a value read syncs])."""
+    if not keep:
+        return
+    keep_ids = {id(x) for x in keep}
     states: list[Any] = []
     moves: list[LazyState] = []
-    for x in _outside_open_regions(pending_states(None), s):
-        if x is not s and x.base is None and x.value[0].op in _MOVES:
+    for x in _outside_open_regions(pending_states(None), keep_ids):
+        if id(x) not in keep_ids and x.base is None and x.value[0].op in _MOVES:
             moves.append(x)
         else:
             states.append(x)
-    if not any(x is s for x in states):
-        states.append(s)  # failed (Note [Failed graphs]): a read retries it
+    present = {id(x) for x in states}
+    missing = [x for x in keep if id(x) not in present]
+    if missing:
+        states.extend(missing)  # failed (Note [Failed graphs]): a read retries it
         states.sort(key=_seq_of)
     held = {(id(x.value[0]), x.value[1]): x for x in states}
     cuts = _cuts(moves, held)
     try:
-        sync_states(states + cuts, cause=analysis.VALUE_ACCESS)
+        sync_states(states + cuts, cause=cause)
     except ExecutionNotAllowed:
         raise
     except Exception as err:
-        if s.failed is not None or s.is_pending:
-            raise s.failed or err from None
+        for x in keep:
+            if x.failed is not None or x.is_pending:
+                raise x.failed or err from None
         metrics.counter_inc("ReadSyncOtherFailed")
         warnings.warn(
             f"a value read ran every pending tensor (Note [What a value read syncs]) and some "
             f"other pending tensor failed; it stays pending and raises when read: {err}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return
     if moves:
