@@ -155,7 +155,7 @@ def test_unfold_is_a_view():
         _m().to(DEV).unfold(1, 2, 1).add_(1)
 
 
-# Note [Overlapping writes] (dispatch.py): a fill of an overlapping view, then backward. Autograd
+# Note [Overlapping writes] (writes.py): a fill of an overlapping view, then backward. Autograd
 # (CopySlices) copies the fill's gradient, a tensor of zeros, into the same overlapping view of the
 # gradient: eager's copy_ does not refuse a target whose overlap needs more than a zero stride to
 # see, and a source of one value gives every alias the same value, so its result is defined.

@@ -3,8 +3,8 @@
 `model.generate()` reads a value each token (the stop check) while the KV cache is written in
 place and the generated sequence grows by `cat`. A value read runs every pending tensor (Note
 [What a value read syncs], graph.py), and a slice of a pending `cat` reads only its piece (Note
-[Reading the tail of a cat], dispatch.py), so with a static cache every token runs the same graph;
-generate's small integer reads run on the host (Note [Small integer reads on the host]).
+[Reading the tail of a cat], view_kernels.py), so with a static cache every token runs the same
+graph; generate's small integer reads run on the host (Note [Small integer reads on the host]).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from torch._ops import OpOverload
 from . import dispatch, metrics
 from .config import FLAGS
 from .dispatch import (
-    _METADATA_INPLACE,
     STORES_SCALAR,
     _counter_name,
     _dtype_arg,
@@ -27,10 +26,8 @@ from .dispatch import (
     _op_name,
     _trace,
     _wrap_outputs,
-    foreach_aliases,
     record,
 )
-from .dispatch import inplace_kernel as _dispatch_inplace_kernel
 from .ir import SCALAR as _SCALAR_OP
 from .ir import Node, TensorSpec, node_with_desc, scalar_fast
 from .meta import (
@@ -49,6 +46,8 @@ from .meta import (
 )
 from .ops.registry import Lowering
 from .tensor import check_device, new_tensor, read, storage_nbytes
+from .writes import _METADATA_INPLACE, foreach_aliases
+from .writes import inplace_kernel as _dispatch_inplace_kernel
 
 # Note [Recording plans]
 # Recording an op is mostly work that depends only on the call's *signature*: its tensors'
@@ -392,11 +391,11 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
 # an optimizer's whole step) writes output i of its node into the i-th tensor of its first list;
 # its signature holds each list's length and tensors, and which of a scalar list's values are
 # lifted. One that reads a tensor it writes at another index takes the slow path (Note [Foreach
-# ops that alias] in dispatch.py).
+# ops that alias] in writes.py).
 
 
 def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Callable[..., Any]:
-    """`dispatch.inplace_kernel`, with a recording plan per call signature in front of it for
+    """`writes.inplace_kernel`, with a recording plan per call signature in front of it for
     single-target in-place ops (Note [In-place recording plans])."""
     slow = _dispatch_inplace_kernel(op, functional, lw)
     specs = [ArgSpec(a, lw) for a in op._schema.arguments]

@@ -75,16 +75,16 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from .. import dispatch, recording, sharding
+    from .. import dispatch, recording, sharding, view_kernels, writes
     from . import special
     from .shape import SCATTERS, VIEWS
 
     functional = {op: lw for op, lw in LOWERINGS.items() if not _writes(op)}
     for op, lw in functional.items():
         if op is aten.as_strided.default:
-            dispatch.register_kernel(op, dispatch.as_strided_kernel(lw.rule, SCATTERS[op]))
+            dispatch.register_kernel(op, view_kernels.as_strided_kernel(lw.rule, SCATTERS[op]))
         elif op in VIEWS:
-            dispatch.register_kernel(op, dispatch.view_kernel(op, lw, SCATTERS.get(op)))
+            dispatch.register_kernel(op, view_kernels.view_kernel(op, lw, SCATTERS.get(op)))
         elif op is aten.clone.default:
             kernel = recording.functional_kernel(op, lw)
             dispatch.register_kernel(op, sharding.clone_keeps_sharding(kernel))
@@ -112,7 +112,7 @@ def install() -> None:
                     dispatch.register_kernel(op, recording.inplace_kernel(op, f, functional[f]))
     for op, lw in LOWERINGS.items():
         if _writes(op):  # in-place ops without a functional twin (normal_, random_): own rule
-            dispatch.register_kernel(op, dispatch.inplace_kernel(op, op, lw))
+            dispatch.register_kernel(op, writes.inplace_kernel(op, op, lw))
     special.install()
     rnn.install()
     from .. import autocast

@@ -150,7 +150,7 @@ def float_target_as_index(kernel, pos: int):
     targets])."""
 
     from .. import compat
-    from ..dispatch import _dtype_name
+    from ..meta import _dtype_name
 
     def with_index_target(*args, **kwargs):
         t = args[pos] if len(args) > pos else None

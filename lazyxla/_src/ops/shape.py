@@ -225,7 +225,7 @@ def _from_storage_flat(flat, root, root_stride):
 def _set_changed(flat, idx, new):
     """1-D `flat` with `new` stored at `idx`. Where `idx` repeats (an overlapping view), only the
     elements the write changed are stored, so a fill or a masked fill gives eager's result
-    (Note [Overlapping writes] in dispatch.py)."""
+    (Note [Overlapping writes] in writes.py)."""
     new = new.reshape(-1).astype(flat.dtype)
     if np.unique(idx).size == idx.size:
         return flat.at[idx].set(new)
@@ -290,9 +290,9 @@ def _as_strided_scatter_root(root, new, size, stride, offset, root_stride, dtype
     return _from_storage_flat(flat, root, root_stride)
 
 
-# `as_strided` reads the root base's storage (dispatch.as_strided_kernel gives the rule the root's
-# value, strides and the view's dtype); as_strided_scatter and as_strided_copy act on a contiguous
-# input.
+# `as_strided` reads the root base's storage (view_kernels.as_strided_kernel gives the rule the
+# root's value, strides and the view's dtype); as_strided_scatter and as_strided_copy act on a
+# contiguous input.
 @view_op(aten.as_strided.default, scatter=_as_strided_scatter_root)
 def as_strided(root, size, stride, offset, root_stride, dtype):
     return _strided_read(_storage_flat(root, root_stride, dtype), size, stride, offset or 0)

@@ -7,10 +7,11 @@ from typing import Any
 import torch
 
 from .. import error_messages, fallback, metrics, runtime
-from ..dispatch import cast_value, check_write_overlap, register_kernel, traced
+from ..dispatch import register_kernel, traced
 from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 from ..transfer import download, upload
+from ..writes import cast_value, check_write_overlap
 
 aten = torch.ops.aten
 
