@@ -94,6 +94,9 @@ def test_replay_does_no_tracing_and_new_shapes_compile_once():
         assert not [n for n in met.counter_names() if n in ("xla::addmm", "xla::gelu", "xla::t")]
         assert met.counter_value("UncachedCompile") is None
         assert met.counter_value("ExecuteComputation") >= 5
+        # torch_xla's timers of each cached graph's run (its input data, its output tensors)
+        assert met.metric_data("RunCachedGraphInputData")[0] == 5
+        assert met.metric_data("RunCachedGraphOutputData")[0] == 5
         f(torch.randn(3, 16).to(dev)).cpu()  # a new shape: one new trace, one new compile
         assert met.counter_value("UncachedCompile") == 1
         assert met.counter_value("DynamoExtractCompiledGraph") == 1
