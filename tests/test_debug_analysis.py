@@ -215,3 +215,23 @@ def test_dot_layout():
         '  node0 -> node2 [label="i=1"]\n'
         "}\n"
     )
+
+
+def test_save_tensors_file_writes_a_dynamo_section_per_compiled_run(tmp_path):
+    """Each run of a compiled graph appends a `[dynamo]` section ending in its graph hash and a
+    blank line, as torch_xla's bridge writes it (pytorch/xla's graph dump test reads the hash
+    five lines from the end after each call)."""
+    path = str(tmp_path / "graphs.txt")
+    f = torch.compile(lambda x, y: torch.cos(x) + torch.sin(y), backend="lazyxla")
+    x, y = torch.tensor(100.0).to(dev), torch.tensor(200.0).to(dev)
+    FLAGS.set("save_tensors_file", path)
+    try:
+        for _ in range(2):
+            f(x, y)
+            with open(path + ".0") as fh:
+                lines = fh.readlines()
+            assert lines[-5].startswith("Graph Hash: "), lines[-6:]
+    finally:
+        FLAGS.set("save_tensors_file", "")
+    with open(path + ".0") as fh:
+        assert fh.read().count("[dynamo]\n") == 2

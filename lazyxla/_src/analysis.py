@@ -172,10 +172,11 @@ def execution(cap: Any, cause: str) -> None:
     _write("\n" + _block("Execution Analysis", "Execution", cause, cap, []))
 
 
-def save_graph(cap: Any) -> None:
+def save_graph(cap: Any, cause: str | None = None) -> None:
     """Append the graph of a sync to XLA_SAVE_TENSORS_FILE + '.0' (the device ordinal, as torch_xla
     names it), as IR text, HLO or Graphviz dot (XLA_SAVE_TENSORS_FMT), with the Python frames
-    that triggered it."""
+    that triggered it. A compiled graph's run (`cause` DYNAMO_EXECUTE) is a `[dynamo]` section
+    followed by a blank line, as torch_xla's bridge writes it at each cached graph's run."""
     fmt = FLAGS.save_tensors_fmt
     if fmt == "text":
         body = ir.to_text(cap.root_values)
@@ -188,9 +189,11 @@ def save_graph(cap: Any) -> None:
     h = graph_hash(cap)
     roots = ", ".join(hashlib.md5(repr((cap.key[0], r)).encode()).hexdigest() for r in cap.roots)
     frames = "\n".join(f"  {fr}" for fr in _frames())
+    dynamo = cause is DYNAMO_EXECUTE
     section = (
-        f"[ScheduleSyncTensorsGraph]\nTensorsGraphInfo:\n{frames}\n\nRoot Hashes: ({roots})\n\n"
-        f"## BEGIN_GRAPH\n{body}\nGraph Hash: {h}\n\n## END_GRAPH\n\n"
+        f"[{'dynamo' if dynamo else 'ScheduleSyncTensorsGraph'}]\nTensorsGraphInfo:\n{frames}\n\n"
+        f"Root Hashes: ({roots})\n\n## BEGIN_GRAPH\n{body}\nGraph Hash: {h}\n\n## END_GRAPH\n\n"
+        + ("\n" if dynamo else "")
     )
     with open(FLAGS.save_tensors_file + ".0", "a") as f:
         f.write(section)

@@ -631,7 +631,7 @@ def _execute(
     cap = Capture(pending, donate=donate, full=full)
     metrics.metric_add("TensorsGraphSize", len(cap.nodes))
     if FLAGS.save_tensors_file:
-        analysis.save_graph(cap)
+        analysis.save_graph(cap, cause)
     exe = compile_capture(cap, cause)
     global last_executable
     last_executable = exe
