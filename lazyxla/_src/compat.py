@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import api, debug, graph, metrics, runtime
+from . import api, debug, graph, ir, metrics, runtime
 
 VERSION = "2.9.0+lazyxla"
 
@@ -308,9 +308,39 @@ def _get_executed_fallback_ops() -> list[str]:
 
 
 def _check_tensor_need_materialization(tensors: Sequence[torch.Tensor]) -> list[bool]:
-    from .tensor import state
+    """Per tensor: is its value a pending computation? (A CPU tensor's is not.)"""
+    from .tensor import DEVICE_TYPE, read, state
 
-    return [state(t).is_pending for t in tensors]
+    return [
+        t.device.type == DEVICE_TYPE and read(state(t))[0].op != ir.DEVICE_DATA for t in tensors
+    ]
+
+
+# torch_xla's id of the seed in its dynamo bridge's seed bookkeeping (kSeedInfoId)
+_SEED_INFO_ID = -127389
+
+
+def _get_seed_info_id() -> int:
+    return _SEED_INFO_ID
+
+
+def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
+    """The device RNG's seed (`xm.set_rng_state`'s), as an int64 tensor on `device`."""
+    from . import random_state
+
+    return torch.tensor(random_state.get_state()[0], dtype=torch.int64).to(device)
+
+
+def _clear_pending_irs(device: str) -> None:
+    """Drop the pending computation of every live tensor that has one (torch_xla's dynamo bridge
+    calls it after tracing on real tensors): each keeps its shape and dtype, and its value is
+    undefined until written (lazyxla gives zeros). Nothing runs."""
+    from .tensor import write
+
+    for s in graph.pending_states(None):
+        if s.base is None:
+            spec = s.spec
+            write(s, (ir.device_data(runtime.zeros(spec.shape, spec.dtype), spec), 0))
 
 
 def _xla_tensors_from_aten(
@@ -466,6 +496,9 @@ def _make_xlac() -> types.ModuleType:
         _xla_warm_up_cache,
         _get_executed_fallback_ops,
         _check_tensor_need_materialization,
+        _get_seed_info_id,
+        _get_base_seed_as_tensor,
+        _clear_pending_irs,
         _xla_runtime_is_initialized,
         _xla_tensors_from_aten,
         _get_xla_tensor_dimension_size,

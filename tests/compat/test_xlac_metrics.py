@@ -50,6 +50,32 @@ def test_device_data_nodes_and_tensor_ids():
     by_id = dict(zip(ids, tensors))
     torch.testing.assert_close(by_id[X._xla_get_tensor_id(a)].cpu(), a.cpu())
     assert X._check_tensor_need_materialization([out, a]) == [True, False]
+    assert X._check_tensor_need_materialization([torch.randn(3)]) == [False]  # a CPU tensor
+
+
+def test_dynamo_bridge_seed_and_pending_ir_entries():
+    """The seed entries of torch_xla's dynamo bridge, and `_clear_pending_irs`: pending values
+    are dropped (nothing runs, a later sync runs nothing), data stays."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    X = torch_xla._XLAC
+    assert X._get_seed_info_id() == -127389
+    xm.set_rng_state(23, str(dev))
+    assert X._get_base_seed_as_tensor(str(dev)).item() == 23
+    torch_xla.sync()
+    a = torch.randn(4, 5).to(dev)
+    b = a + 1
+    c = b * a
+    X._xla_sync_multi([c], devices=[], wait=True)
+    assert "aten::add" in X._get_xla_tensors_text([b])
+    met.clear_all()
+    X._clear_pending_irs(str(dev))
+    assert "aten::add" not in X._get_xla_tensors_text([b])
+    assert X._check_tensor_need_materialization([a, b, c]) == [False, False, False]
+    torch_xla.sync()
+    assert met.counter_value("ExecuteComputation") is None
+    assert b.shape == (4, 5) and b.dtype == torch.float32
 
 
 def test_buffer_donation_flag_is_honoured():
