@@ -62,6 +62,14 @@ _FLAGS: dict[str, Flag] = {
         "answered on the host instead of compiling a graph. See Note [Small integer reads on "
         "the host].",
     ),
+    "check_indices": Flag(
+        "LAZYXLA_CHECK_INDICES",
+        bool,
+        False,
+        "Debugging: check every gather, scatter and slice of each graph for out-of-range "
+        "indices and raise IndexError after the run, as eager would (XLA clamps them or gives "
+        "NaN). Each sync then waits for its graph. See Note [Checked indices].",
+    ),
     "gc_freeze": Flag(
         "LAZYXLA_GC_FREEZE",
         bool,

@@ -242,7 +242,10 @@ class Capture:
             full or _alias_with_buffer_donor()
         )
         self.donate = self._donation(nodes, root_values) if donate or marked else ()
+        self.checked = FLAGS.check_indices  # Note [Checked indices]
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
+        if self.checked:
+            self.key += ("checked indices",)
         self.data = sharding.align_device_order(data, nodes, out_shardings) if spmd() else data
         # numpy 0-d values in node order (each a numpy scalar: typed, not a weak Python number)
         rounded = {dt: iter(_scalar_vector(v, dt)) for dt, v in scalars.items()}
@@ -285,6 +288,8 @@ class Capture:
 
     def function(self) -> Any:
         run = self.program().function()
+        if self.checked:
+            run = _checked(run)
         if self.replicas:
             run = collectives.across_processes(run)
         if not any(self.donate):
@@ -328,7 +333,7 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
     if debug:
         analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
-        lowered = cap.function().lower(*cap.args())
+        lowered = _lower(cap)
         if cap.replicas:
             collectives.check_same_program(lowered)
         exe = lowered.compile()
@@ -643,6 +648,9 @@ def _execute(
         _await_previous()
     t0 = time.perf_counter_ns()
     outs = exe(*cap.args())
+    index_error = None
+    if cap.checked and type(outs) is tuple:  # (an unchecked one: see `_lower`)
+        index_error, outs = outs
     if cap.replicas:
         outs = collectives.localize(outs)
     if _one_at_a_time():
@@ -661,6 +669,65 @@ def _execute(
     for s, r in cap.bindings:
         bind_data(s, data_nodes[r])
         s.failed = None
+    if index_error is not None:
+        _raise_index_error(index_error)
+
+
+# Note [Checked indices]
+# XLA defines every index: a gather clamps an out-of-range index (or, as lazyxla lowers
+# `index_select`/`gather`/`embedding`, fills NaN), where eager raises an error. Checking on every
+# step would cost a wait for each graph, so it is a debugging mode: with LAZYXLA_CHECK_INDICES=1
+# each graph is compiled through `jax.experimental.checkify` with its index checks, and returns
+# an error value beside its outputs; after the run binds the outputs (as XLA computed them), an
+# error raises `OutOfRangeIndex` (an IndexError and a RuntimeError, as eager's ops raise one or the
+# other) naming the array and the index. The flag is part of the graph's key.
+
+
+def _checked(run: Any) -> Any:
+    from jax.experimental import checkify
+
+    return checkify.checkify(run, errors=checkify.index_checks)
+
+
+_unchecked_warned: list[bool] = []
+
+
+def _lower(cap: Capture) -> Any:
+    """`cap`'s program lowered; a graph that checkify cannot instrument (a JAX limitation on some
+    scatters) is lowered unchecked, with a warning, rather than failing the debugging run."""
+    if not cap.checked:
+        return cap.function().lower(*cap.args())
+    try:
+        return cap.function().lower(*cap.args())
+    except Exception as err:
+        cap.checked = False
+        lowered = cap.function().lower(*cap.args())  # (raises the program's own error, if any)
+        metrics.counter_inc("UncheckedIndicesGraph")
+        if not _unchecked_warned:
+            _unchecked_warned.append(True)
+            warnings.warn(
+                f"LAZYXLA_CHECK_INDICES: a graph could not be instrumented ({type(err).__name__}: "
+                f"{err}); it runs without index checks (counted as UncheckedIndicesGraph)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return lowered
+
+
+class OutOfRangeIndex(IndexError, RuntimeError):
+    """An index tensor held an out-of-range index (Note [Checked indices]). Eager raises
+    IndexError (`x[i]`, `index_select`, `embedding`) or RuntimeError (`gather`, `scatter`):
+    either `except` catches it."""
+
+
+def _raise_index_error(err: Any) -> None:
+    message = err.get()  # (waits for the graph)
+    if message is not None:
+        metrics.counter_inc("CheckedIndexError")
+        raise OutOfRangeIndex(
+            f"{message.strip()} (an index tensor of this graph holds an out-of-range index; "
+            "eager raises IndexError at the op; LAZYXLA_CHECK_INDICES=1 found it)"
+        )
 
 
 # Note [Failed graphs]
