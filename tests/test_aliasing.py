@@ -389,3 +389,53 @@ def test_cpu_fallback_resizes_out_tensors():
 
     for e, a in zip(run("cpu"), run(DEV)):
         assert torch.equal(a, e)
+
+
+_T = torch.tensor([[1.5, -2.0, 0.25], [3.0, 0.0, -0.5]])
+_OUT_OVERLOADS = {
+    # out= overloads whose functional shares its argument names with another overload of other
+    # types: each took the first by name (clamp.Tensor_out ran clamp's Scalar overload and
+    # raised; lerp.Tensor_out ran lerp.Scalar)
+    "clamp_tensor": lambda x, o: torch.clamp(x, x * 0 - 1, x * 0 + 1, out=o),
+    "clamp_min_tensor": lambda x, o: torch.clamp_min(x, x * 0, out=o),
+    "clamp_max_tensor": lambda x, o: torch.clamp_max(x, x * 0, out=o),
+    "lerp_tensor": lambda x, o: torch.lerp(x, x * 2, x * 0 + 0.9, out=o),
+    "masked_fill_tensor": lambda x, o: torch.ops.aten.masked_fill.Tensor_out(
+        x, x > 0, torch.tensor(7.0), out=o
+    ),
+    "pow_tensor_scalar": lambda x, o: torch.ops.aten.pow.Tensor_Scalar_out(x, 3, out=o),
+    "all_dims": lambda x, o: torch.ops.aten.all.dims_out(x, [0, 1], out=o),
+    "kron": lambda x, o: torch.kron(x, x[:, :2], out=o),
+}
+
+
+@pytest.mark.parametrize("name", list(_OUT_OVERLOADS))
+def test_out_overloads_run_their_own_functional(name):
+    """`kron(out=)` wrote its product through an `_unsafe_view` of `out`, which in lazyxla is a
+    new value: `out` kept its old contents. Each case matches eager's values and shape."""
+    fn = _OUT_OVERLOADS[name]
+
+    def run(dev):
+        x = _T.to(dev)
+        out = torch.empty(0, dtype=torch.bool if name == "all_dims" else x.dtype, device=dev)
+        fn(x, out)
+        return out.cpu()
+
+    expected, actual = run("cpu"), run(DEV)
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_out_dtype_refused_for_a_large_input_of_a_shaped_op():
+    """The eager probe of an out= dtype runs on zeros of the real shape up to 2**20 elements: a
+    sort or slice_scatter of 8000 elements into a float64 out computed and cast where eager
+    raises."""
+    x = torch.randn(20, 20, 20)
+    for fn in (
+        lambda x, o: torch.sort(x, out=(o, torch.empty(0, dtype=torch.int64, device=x.device))),
+        lambda x, o: torch.slice_scatter(x, x[:10] * 2, 0, 0, 10, out=o),
+    ):
+        with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float"):
+            fn(x, torch.empty(0, dtype=torch.float64))
+        with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float"):
+            fn(x.to(DEV), torch.empty(0, dtype=torch.float64, device=DEV))

@@ -332,19 +332,19 @@ def _probed(op: OpOverload) -> bool:
 _SHAPED_PROBE_LIMIT = 4096  # elements of a probe on zeros of the real shape
 
 
-def _probe_value(v: Any, shaped: bool = False) -> Any:
+def _probe_value(v: Any, shaped: bool = False, limit: int = _SHAPED_PROBE_LIMIT) -> Any:
     """`v` as the probe passes it: a lazy tensor as ones of one element per dimension, or
-    (`shaped`) as zeros of its own shape."""
+    (`shaped`) as zeros of its own shape, of at most `limit` elements."""
     if isinstance(v, torch.Tensor):
         if v.device.type != DEVICE_TYPE:
             return v
-        if v.dtype in _UNPROBED_DTYPES or shaped and v.numel() > _SHAPED_PROBE_LIMIT:
+        if v.dtype in _UNPROBED_DTYPES or shaped and v.numel() > limit:
             raise _NoProbe
         if shaped:
             return torch.zeros(v.shape, dtype=v.dtype)
         return torch.ones((1,) * v.dim(), dtype=v.dtype)
     if isinstance(v, (list, tuple)):
-        return type(v)(_probe_value(x, shaped) for x in v)
+        return type(v)(_probe_value(x, shaped, limit) for x in v)
     return v
 
 
@@ -353,7 +353,11 @@ class _NoProbe(Exception):
 
 
 def _eager_probe(
-    op: OpOverload, specs: list[ArgSpec], vals: list[Any], shaped: bool = False
+    op: OpOverload,
+    specs: list[ArgSpec],
+    vals: list[Any],
+    shaped: bool = False,
+    limit: int = _SHAPED_PROBE_LIMIT,
 ) -> None:
     """Raise eager's error if eager refuses this call's dtypes (Note [Eager probes of pointwise
     ops]). `shaped` (`_DTYPE_PROBED`): on zeros of the real shapes, every error of eager's; past
@@ -361,7 +365,7 @@ def _eager_probe(
 
     def probe_args(shaped: bool) -> tuple | None:
         try:
-            return _split_args(specs, vals, lambda v: _probe_value(v, shaped))
+            return _split_args(specs, vals, lambda v: _probe_value(v, shaped, limit))
         except _NoProbe:
             return None
 
@@ -394,7 +398,8 @@ def _eager_probe(
 # call is probed once per signature with the out op itself, eagerly, and raises eager's error; a
 # `dtype` argument left None then takes the out tensor's dtype (`out_dtype_probe`'s answer).
 # Pointwise ops, reductions and products decide on dtypes alone, so they are probed on
-# one-element tensors; other ops on zeros of the real shapes, where small enough.
+# one-element tensors; other ops on zeros of the real shapes, up to 2**20 elements (once per
+# signature; a linear algebra op's error about a zero matrix's values is not taken).
 _PRODUCTS = frozenset(
     (
         _aten.mm.default,
@@ -409,6 +414,7 @@ _PRODUCTS = frozenset(
     )
 )
 _OUT_PROBED: set[tuple] = set()
+_OUT_PROBE_LIMIT = 1 << 20  # elements of a shaped out= probe: run once per rare signature
 
 
 def out_dtype_probe(
@@ -426,7 +432,10 @@ def out_dtype_probe(
         torch.empty(0, dtype=v.dtype) if s.is_write and isinstance(v, torch.Tensor) else v
         for s, v in zip(specs, vals)
     ]
-    _eager_probe(op, specs, probe_vals, shaped=shaped)
+    try:
+        _eager_probe(op, specs, probe_vals, shaped=shaped, limit=_OUT_PROBE_LIMIT)
+    except torch.linalg.LinAlgError:
+        pass  # (a zeros probe's value error: not a dtype's)
     _OUT_PROBED.add(key)
 
 

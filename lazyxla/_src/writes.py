@@ -299,18 +299,26 @@ def _resize_outputs(
     one silently, another with eager's deprecation warning (an `out=torch.empty(0)` kept its
     shape and read back empty)."""
     for i, t, r in _targets(out_struct, vals, specs, writes):
-        if i in resized and tuple(t.shape) != r.shape:
-            if t.numel():
-                warnings.warn(
-                    f"An output with one or more elements was resized since it had shape "
-                    f"{list(t.shape)}, which does not match the required output shape "
-                    f"{list(r.shape)}. This behavior is deprecated, and in a future PyTorch "
-                    f"release outputs will not be resized unless they have zero elements. You "
-                    f"can explicitly reuse an out tensor t by resizing it, inplace, to zero "
-                    f"elements with t.resize_(0).",
-                    stacklevel=4,
-                )
-            t.resize_(r.shape)
+        if i in resized:
+            resize_output(t, r.shape, stacklevel=5)
+
+
+def resize_output(t: torch.Tensor, shape: tuple[int, ...], stacklevel: int = 3) -> None:
+    """Eager's `at::native::resize_output`: `t` takes `shape`, silently when it is empty, with
+    eager's deprecation warning otherwise."""
+    if tuple(t.shape) == tuple(shape):
+        return
+    if t.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(t.shape)}, which does not match the required output shape "
+            f"{list(shape)}. This behavior is deprecated, and in a future PyTorch "
+            f"release outputs will not be resized unless they have zero elements. You "
+            f"can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+            f"elements with t.resize_(0).",
+            stacklevel=stacklevel,
+        )
+    t.resize_(shape)
 
 
 # Note [Foreach ops that alias]

@@ -8,6 +8,8 @@ Ops listed in `DECOMPOSE` run PyTorch's decomposition at record time on lazy ten
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch._ops import OpOverload
 
@@ -56,15 +58,26 @@ def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
     return None
 
 
-def _functional_of_out(op: OpOverload) -> OpOverload | None:
-    """`add.out` → `add.Tensor`: the overload whose arguments are the out variant's minus `out`."""
-    names = [a.name for a in op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+def _functional_of_out(op: OpOverload, lowered: Any) -> OpOverload | None:
+    """`add.out` → `add.Tensor`: the lowered overload whose arguments are the out variant's minus
+    `out`, by names and types (`clamp.Tensor_out`'s Tensor bounds are `clamp.Tensor`'s, not
+    `clamp.default`'s Scalar ones of the same names; `all.dims_out` is `all.dims`, not `all.dim`).
+    Without a lowered one of the same types, one of the same names: `xlogy.OutScalar_Self` is
+    `xlogy.Tensor`, its Scalar `self` passed as a wrapped number."""
+    args = [a for a in op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+    want = [(a.name, str(a.type)) for a in args]
+    names = [a.name for a in args]
     packet = getattr(aten, op._schema.name.split("::", 1)[1])
+    by_name = None
     for ov in packet.overloads():
         f = getattr(packet, ov)
-        if not _writes(f) and [a.name for a in f._schema.arguments] == names:
+        if _writes(f) or f not in lowered:
+            continue
+        if _signature(f) == want:
             return f
-    return None
+        if by_name is None and [a.name for a in f._schema.arguments] == names:
+            by_name = f
+    return by_name
 
 
 _installed = False
@@ -107,7 +120,7 @@ def install() -> None:
                     continue
                 f = _functional_of_inplace(op) if variant_name.endswith("_") else None
                 if f is None:
-                    f = _functional_of_out(op)
+                    f = _functional_of_out(op, functional)
                 if f is not None and f in functional:
                     dispatch.register_kernel(op, recording.inplace_kernel(op, f, functional[f]))
     for op, lw in LOWERINGS.items():

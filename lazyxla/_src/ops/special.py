@@ -11,7 +11,7 @@ from ..dispatch import register_kernel, traced
 from ..ir import TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 from ..transfer import download, upload
-from ..writes import cast_value, check_write_overlap
+from ..writes import cast_value, check_write_overlap, resize_output
 
 aten = torch.ops.aten
 
@@ -205,7 +205,27 @@ def batch_norm_backward(
     )
 
 
+# --- kron's out= variant --------------------------------------------------------------------
+# ATen's kron(out=) (CompositeImplicitAutograd, so it reaches no lowering) resizes `out`, then
+# multiplies into `at::_unsafe_view(out, ...)`: in eager a tensor sharing out's storage, in
+# lazyxla a new value, so the product never reached `out` (a silent wrong result). The same
+# computation through a true view of `out`:
+
+
+def kron_out(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    n = max(self.dim(), other.dim())
+    a = [1] * (n - self.dim()) + list(self.shape)
+    b = [1] * (n - other.dim()) + list(other.shape)
+    mul_shape = [d for i in range(n) for d in (a[i], b[i])]
+    resize_output(out, tuple(a[i] * b[i] for i in range(n)))
+    a_view = self.reshape([d for i in range(n) for d in (a[i], 1)])
+    b_view = other.reshape([d for i in range(n) for d in (1, b[i])])
+    torch.mul(a_view, b_view, out=out.view(mul_shape))
+    return out
+
+
 def install() -> None:
+    register_kernel(aten.kron.out, kron_out)
     register_kernel(aten._to_copy.default, _to_copy)
     register_kernel(aten.copy_.default, copy_)
     register_kernel(aten._copy_from.default, _copy_from)
