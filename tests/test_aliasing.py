@@ -439,3 +439,33 @@ def test_out_dtype_refused_for_a_large_input_of_a_shaped_op():
             fn(x, torch.empty(0, dtype=torch.float64))
         with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float"):
             fn(x.to(DEV), torch.empty(0, dtype=torch.float64, device=DEV))
+
+
+def test_inplace_ops_derived_through_out_and_metadata():
+    """From an OpInfo sweep of in-place variants: `ldexp_` (eager's `ldexp(x, y, out=x)`) with a
+    broadcast shape raises eager's error where lazyxla resized `x` (an out= tensor that is also
+    an input is not resized by eager's TensorIterator); `as_strided_` failed to lower."""
+
+    def ldexp(dev):
+        x, y = torch.randn(5, 1).to(dev), torch.randn(5, 5).to(dev)
+        with pytest.raises(RuntimeError, match=r"output with shape \[5, 1\] doesn't match"):
+            x.ldexp_(y)
+        with pytest.raises(RuntimeError, match=r"output with shape \[5, 1\] doesn't match"):
+            torch.mul(x, y, out=x)
+        return x.cpu()
+
+    def as_strided(dev):
+        base = torch.arange(12.0).to(dev)
+        x = base[:9].view(3, 3)
+        y = x.as_strided_((2, 2), (1, 2), 1)
+        assert y is x
+        layout = (tuple(x.shape), x.stride(), x.storage_offset())
+        x.mul_(10)
+        return x.cpu(), base.cpu(), layout
+
+    torch.manual_seed(0)
+    expected = ldexp("cpu")
+    torch.manual_seed(0)
+    assert torch.equal(ldexp(DEV), expected)
+    (xe, be, le), (xl, bl, ll) = as_strided("cpu"), as_strided(DEV)
+    assert le == ll and torch.equal(xl, xe) and torch.equal(bl, be)

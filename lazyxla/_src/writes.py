@@ -204,6 +204,7 @@ def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok:
                 raise RuntimeError(_PARTIAL_OVERLAP)
 
 
+_AS_STRIDED = torch.ops.aten.as_strided.default
 _METADATA_INPLACE = frozenset(
     {"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"}
 )
@@ -228,6 +229,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     resized = frozenset(
         i for i in writes if op._schema.arguments[i].is_out and not specs[i].is_list_write
     )
+    pointwise = torch.Tag.pointwise in functional.tags
     # a `dtype` argument an out= tensor's dtype fills (Note [Out= tensors of another dtype])
     dtype_slot = next(
         (i for i, s in enumerate(specs) if s.name == "dtype" and not s.is_write), None
@@ -260,7 +262,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                 vals[dtype_slot] = vals[writes[0]].dtype
                 out_struct = infer(functional, fspecs, vals, lw)
         if resized:
-            _resize_outputs(out_struct, vals, specs, writes, resized)
+            _resize_outputs(out_struct, vals, specs, writes, resized, pointwise)
         if not _fits(out_struct, vals, specs, writes):
             # PyTorch's own error for a broadcast into self (the in-place meta kernel's), then
             # eager's for a float result into an int tensor (the meta kernels word it otherwise).
@@ -273,7 +275,10 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         if check_overlap:
             _check_overlap(vals, specs, writes, overlap_ok)
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
-            _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
+            if functional is _AS_STRIDED:  # a view of the root's storage (view_kernels.py)
+                out = _AS_STRIDED(*vals)
+            else:
+                _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
             vals[writes[0]].data = out
             return
         # The results are written straight from the node's outputs: no lazy tensor is made for
@@ -293,14 +298,36 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
 
 
 def _resize_outputs(
-    out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes: list[int], resized: frozenset
+    out_struct: Any,
+    vals: list[Any],
+    specs: list[ArgSpec],
+    writes: list[int],
+    resized: frozenset,
+    pointwise: bool,
 ) -> None:
     """Eager's resize_output for each `out=` tensor whose shape is not the result's: an empty
     one silently, another with eager's deprecation warning (an `out=torch.empty(0)` kept its
     shape and read back empty)."""
     for i, t, r in _targets(out_struct, vals, specs, writes):
-        if i in resized:
+        if i in resized and tuple(t.shape) != r.shape:
+            if pointwise and _reads(t, vals, specs, writes):
+                # eager's TensorIterator does not resize an output it also reads
+                raise RuntimeError(
+                    f"output with shape {list(t.shape)} doesn't match the broadcast shape "
+                    f"{list(r.shape)}"
+                )
             resize_output(t, r.shape, stacklevel=5)
+
+
+def _reads(t: torch.Tensor, vals: list[Any], specs: list[ArgSpec], writes: list[int]) -> bool:
+    """Whether `t` is also one of the op's inputs (`torch.mul(x, y, out=x)`; `ldexp_` is that
+    call; eager's TensorIterator compares the tensors, not their storage): a pointwise op then
+    raises eager's broadcast error instead of resizing `t`."""
+    return any(
+        vals[j] is t
+        for j, s in enumerate(specs)
+        if j not in writes and s.kind in (TENSOR, OPT_TENSOR)
+    )
 
 
 def resize_output(t: torch.Tensor, shape: tuple[int, ...], stacklevel: int = 3) -> None:
