@@ -320,3 +320,32 @@ def test_grid_sample(mode, padding):
 def test_interpolate_antialias(mode, size):
     """Antialiased resize (torchvision's default for tensors): down- and upsampling, fwd + bwd."""
     check(lambda v: F.interpolate(v, size=size, mode=mode, antialias=True), rnd(2, 3, 17, 13))
+
+
+def _passes_reference(x, size, **kw):
+    """A uint8 resize as eager's fixed-point kernel defines it (Note [Resampling uint8]): the
+    last dim then the other, each pass in float64, rounded half up and clamped to 0..255 (eager's
+    own uint8 result depends on the CPU: its generic, non-AVX2 kernel truncates the weights)."""
+
+    def rounded(y):
+        return torch.floor(y + 0.5).clamp(0, 255)
+
+    y = rounded(F.interpolate(x.double(), size=(x.shape[2], size[1]), **kw))
+    return rounded(F.interpolate(y, size=size, **kw)).to(torch.uint8)
+
+
+@pytest.mark.parametrize("antialias", [False, True], ids=["plain", "antialias"])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(13, 17), (70, 45)])
+def test_interpolate_uint8_images(mode, size, antialias):
+    """uint8 resizes were computed with the weights cast to uint8 (0): each output was a source
+    pixel's neighbour, 98 % of a 270x270 -> 130x130 resize wrong by up to 255."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2, 3, 40, 31), dtype=torch.uint8, generator=g)
+    kw = dict(mode=mode, antialias=antialias, align_corners=False)
+    out = F.interpolate(x.to(DEV), size=size, **kw).cpu()
+    ref = _passes_reference(x, size, **kw)
+    assert out.dtype == torch.uint8 and out.shape == ref.shape
+    diff = (out.int() - ref.int()).abs()
+    # (float32 weights against float64: a sum near .5 can round the other way)
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.1
