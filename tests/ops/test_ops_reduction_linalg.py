@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from util import assert_same, check, to_lazy
+from util import DEV, assert_same, check, to_lazy
 
 import lazyxla.debug.metrics as met
 
@@ -267,3 +267,17 @@ def test_low_precision_cross_rounds_like_eager(dtype, dim):
     b = torch.randn(shape, generator=g).to(dtype)
     out = torch.linalg.cross(to_lazy(a), to_lazy(b), dim=dim)
     assert_same(out, torch.linalg.cross(a, b, dim=dim), exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.float32], ids=str)
+def test_vdot_conjugates_its_first_vector(dtype):
+    """vdot was lowered as dot: a complex vdot gave dot(a, b), without conjugating `a` (found by
+    a sweep of OpInfo in complex64, which the OpInfo test does not run)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(7, dtype=dtype, generator=g), torch.randn(7, dtype=dtype, generator=g)
+    for f in (
+        torch.vdot,
+        lambda x, y: torch.vdot(x.conj(), y),
+        lambda x, y: torch.vdot(x, y.conj()),
+    ):
+        torch.testing.assert_close(f(a.to(DEV), b.to(DEV)).cpu(), f(a, b))

@@ -67,9 +67,15 @@ def addbmm(bias, a, b, beta=1, alpha=1):
 # Through matmul_opmath: a bf16 dot written as such is compiled by XLA's CPU backend as a float32
 # dot and a convert to bf16 it inserts itself, which excess precision then drops when the next
 # op reads the result in float32 (`out.add_(torch.dot(a, b))` was not rounded in between).
-@lowering(aten.dot.default, aten.vdot.default)
+@lowering(aten.dot.default)
 def dot(a, b):
     return matmul_opmath(a, b)
+
+
+@lowering(aten.vdot.default)
+def vdot(a, b):
+    """The first vector conjugated (lowered as `dot`, a complex vdot was dot(a, b))."""
+    return matmul_opmath(jnp.conj(a) if jnp.iscomplexobj(a) else a, b)
 
 
 @lowering(aten.mv.default)
