@@ -37,7 +37,23 @@ def polygamma(n, x):
 
 @lowering(aten.logaddexp.default)
 def logaddexp(x, y):
-    return jnp.logaddexp(float_operand(x), float_operand(y))
+    x, y = float_operand(x), float_operand(y)
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(y):
+        return _complex_logaddexp(x, y)
+    return jnp.logaddexp(x, y)
+
+
+def _complex_logaddexp(x, y):
+    """Eager's complex formula (`_log_add_exp_helper`): ordered by real part, log1p(exp(min -
+    max)) + max, with its NaN and infinity cases (jnp's gave NaN for inf + 0j and a finite y)."""
+    y_max = jnp.real(y) > jnp.real(x)
+    mn, mx = jnp.where(y_max, x, y), jnp.where(y_max, y, x)
+    lo, hi = jnp.real(mn), jnp.real(mx)
+    general = jnp.log1p(jnp.exp(mn - mx)) + mx
+    both_inf = jnp.where(lo < 0, mn, jnp.log(jnp.exp(mn) + jnp.exp(mx)))
+    out = jnp.where(~jnp.isfinite(lo) & (lo == hi), both_inf, general)
+    nan = jnp.isnan(lo) | jnp.isnan(jnp.imag(mn))
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
 
 
 @lowering(aten.logaddexp2.default)
