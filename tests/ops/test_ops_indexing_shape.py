@@ -239,3 +239,13 @@ def test_int_index_on_lazy_device():
     x = rnd(3, 4)
     i = idx(2, 0, 1)
     check(lambda v, j: v[j.to(v.device)] * 2 if v.device == DEV else v[j] * 2, x, i)
+
+
+def test_gather_with_an_empty_index_of_another_rank():
+    """Eager gathers nothing from an empty index without checking its rank against the input's;
+    lazyxla raised torch_xla's rank error (found by a complex64 OpInfo sweep)."""
+    x = torch.randn(5)
+    for shape in [(2, 0), (0,)]:
+        i = torch.zeros(shape, dtype=torch.int64)
+        out = torch.gather(x.to(DEV), 0, i.to(DEV)).cpu()
+        assert out.shape == torch.gather(x, 0, i).shape
