@@ -695,11 +695,11 @@ _unchecked_warned: list[bool] = []
 def _lower(cap: Capture) -> Any:
     """`cap`'s program lowered; a graph that checkify cannot instrument (a JAX limitation on some
     scatters) is lowered unchecked, with a warning, rather than failing the debugging run."""
-    if not cap.checked:
-        return cap.function().lower(*cap.args())
     try:
         return cap.function().lower(*cap.args())
     except Exception as err:
+        if not cap.checked:
+            raise
         cap.checked = False
         lowered = cap.function().lower(*cap.args())  # (raises the program's own error, if any)
         metrics.counter_inc("UncheckedIndicesGraph")
@@ -726,7 +726,7 @@ def _raise_index_error(err: Any) -> None:
         metrics.counter_inc("CheckedIndexError")
         raise OutOfRangeIndex(
             f"{message.strip()} (an index tensor of this graph holds an out-of-range index; "
-            "eager raises IndexError at the op; LAZYXLA_CHECK_INDICES=1 found it)"
+            "eager raises at the op; LAZYXLA_CHECK_INDICES=1 found it)"
         )
 
 

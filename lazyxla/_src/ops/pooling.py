@@ -629,15 +629,11 @@ def _resample_aa(x, size, align_corners, scales_h, scales_w, interp_size, filter
     dt = x.dtype
     if _is_int(x):  # Note [Resampling uint8]
         hi = lax.Precision.HIGHEST
-        passes = {
-            x.ndim - 1: lambda y: jnp.einsum(
-                "nchw,pw->nchp", y, ww.astype(jnp.float32), precision=hi
-            ),
-            x.ndim - 2: lambda y: jnp.einsum(
-                "oh,nchw->ncow", wh.astype(jnp.float32), y, precision=hi
-            ),
-        }
-        return _int_passes(x, size, lambda y, ax, k: passes[ax](y))
+        passes = (  # by output dim: height, then width (`_int_passes` runs width first)
+            lambda y: jnp.einsum("oh,nchw->ncow", wh.astype(jnp.float32), y, precision=hi),
+            lambda y: jnp.einsum("nchw,pw->nchp", y, ww.astype(jnp.float32), precision=hi),
+        )
+        return _int_passes(x, size, lambda y, ax, k: passes[k](y))
     return jnp.einsum(
         "oh,nchw,pw->ncop", wh.astype(dt), x, ww.astype(dt), precision=lax.Precision.HIGHEST
     )
