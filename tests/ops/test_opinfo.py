@@ -1,11 +1,11 @@
 """PyTorch's OpInfo database on lazyxla vs eager CPU (see lazyxla/tools/op_coverage.py).
 
 Default (CI): the first samples of every `op_db` entry in its primary dtype and one sample in each
-of bfloat16/float16/int64/bool it supports; each entry's status must equal the one committed in
-docs/op_coverage.md (regenerate it with `python -m lazyxla.tools.op_coverage`), and no entry may
-fail. `make test-ops-full` (LAZYXLA_OPINFO_FULL=1): every sample in each of those dtypes, no entry
-may fail. The entries are split over this file and test_opinfo_part2.py so
-that `--dist loadfile` runs them on two workers.
+of bfloat16/float16/int64/bool/float64/complex64/uint8 it supports; each entry's status must equal
+the one committed in docs/op_coverage.md (regenerate it with `python -m lazyxla.tools.op_coverage`),
+and no entry may fail. `make test-ops-full` (LAZYXLA_OPINFO_FULL=1): every sample in each of those
+dtypes, no entry may fail. The entries are split over this file and test_opinfo_part2.py so that
+`--dist loadfile` runs them on two workers.
 """
 
 from __future__ import annotations
@@ -69,5 +69,5 @@ def test_skips_have_reasons():
     for table in (oc.SKIPS, oc.GRAD_SKIPS, oc.UNDEFINED_VALUES):
         for key, reason in table.items():
             assert reason.strip(), key
-    for key, (_, reason) in oc.TOLERANCES.items():
+    for key, (_, reason) in (*oc.TOLERANCES.items(), *oc.UINT8_TOLERANCES.items()):
         assert reason.strip(), key

@@ -549,3 +549,24 @@ def test_complex_logaddexp_special_values():
     # (real parts 97 or more apart: the sum is the larger term to float32 precision)
     big = torch.where(a.real > b.real, a, b)
     torch.testing.assert_close(lazy[eager_nan], big[eager_nan], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_erfcx_within_a_few_ulps(dtype):
+    """erfcx against a 40-digit reference: a truncated asymptotic series made float64's
+    erfcx(5.25) 1.6e-6 off (eager is right to the ulp there), and exp of a rounded x^2 loses
+    x^2 ulps at large |x|."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    x = torch.cat(
+        [torch.linspace(-9, 40, 1501, dtype=torch.float64), torch.tensor([5.249242131336199])]
+    ).to(dtype)
+    ref = torch.tensor(
+        [float(mpmath.exp(mpmath.mpf(v) ** 2) * mpmath.erfc(mpmath.mpf(v))) for v in x.tolist()],
+        dtype=torch.float64,
+    )
+    got = torch.special.erfcx(to_lazy(x)).cpu().double()
+    ulps = ((got - ref).abs() / ref) / torch.finfo(dtype).eps
+    assert ulps.max() < 8, f"{ulps.max():.3g} ulps at x = {x[ulps.argmax()].item()}"
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0], dtype=dtype)
+    assert_same(torch.special.erfcx(to_lazy(special)), torch.special.erfcx(special))

@@ -307,13 +307,12 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     a2, b2 = _bcast(a, b)
     x = _mm(jnp.linalg.pinv(a2), b2) if m != n else jnp.linalg.solve(a2, b2)
     batch = a2.shape[:-2]
-    empty = jnp.zeros((0,), a.dtype)
-    residuals = empty
+    residuals = jnp.zeros((0,), jnp.real(a[..., :0, :0]).dtype)  # real, as eager's
     if m > n and driver == "gels":
         r = b2 - _mm(a2, x)
         residuals = jnp.sum(jnp.real(r * jnp.conj(r)), axis=-2)
     rank = jnp.zeros((0,), jnp.int64)
-    sv = jnp.zeros((0,), jnp.real(empty).dtype)
+    sv = jnp.zeros((0,), residuals.dtype)
     if driver != "gels":
         s = jnp.linalg.svd(a2, compute_uv=False)
         tol = (jnp.finfo(s.dtype).eps * max(m, n) if rcond is None else rcond) * s[..., :1]
