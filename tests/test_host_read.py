@@ -75,6 +75,21 @@ def test_data_movement_over_data_is_assembled_on_the_host_in_any_dtype():
     assert torch.equal(pending.cpu(), xs[0] * 2)
 
 
+def test_views_that_record_strides_read_the_logical_value():
+    """Note [Host values are logical]: a reshape of a transposed tensor records
+    `_reshape_alias(x, size, strides)` with the lazy tensor's eager strides; a host download is
+    contiguous, so running that overload on it scrambled the elements (`_chunk_cat` of a
+    transposed int64 tensor was wrong in 88 % of its elements). as_strided compiles."""
+    for dt in (torch.int64, torch.uint8, torch.float32):
+        x = torch.arange(12).reshape(4, 3).t().to(dt)
+        xl = x.to(DEV)
+        lazyxla.sync()
+        assert torch.equal(xl.reshape(3, 4, 1).cpu(), x.reshape(3, 4, 1))
+        assert torch.equal(torch._chunk_cat([xl], 1, 3).cpu(), torch._chunk_cat([x], 1, 3))
+        got = (xl.t() + 0).as_strided((2, 2), (1, 3), 1)
+        assert torch.equal(got.cpu(), (x.t() + 0).as_strided((2, 2), (1, 3), 1))
+
+
 def test_float_reads_and_large_integer_graphs_still_compile():
     h = _count("HostRead")
     assert (torch.ones(5, 3, device=DEV) * 2).sum().item() == 30.0

@@ -130,7 +130,12 @@ def _evaluate(order: list[Node]) -> dict[int, tuple] | None:
                 if a.kwarg_only:
                     kwargs[a.name] = v
             args = [v for a, v in zip(schema, args) if not a.kwarg_only]
-            out = n.aten(*args, **kwargs)
+            if n.aten in _STORAGE_STRIDED:  # See Note [Host values are logical]
+                return None
+            if n.aten is _RESHAPE_ALIAS:
+                out = args[0].reshape(args[1])
+            else:
+                out = n.aten(*args, **kwargs)
             outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
             if len(outs) != len(n.specs):
                 return None
@@ -141,6 +146,24 @@ def _evaluate(order: list[Node]) -> dict[int, tuple] | None:
                     return None
             values[id(n)] = outs
     return values
+
+
+# Note [Host values are logical]
+# A host value is a tensor's logical value (downloads and host results are whatever layout eager
+# gives them), but a recorded stride argument describes the lazy tensor's eager layout, which the
+# host value need not have: `_reshape_alias(x, size, strides)` of a transposed x read a contiguous
+# download with the transposed strides and scrambled the elements. `_reshape_alias` is a
+# reshape (its lowering ignores the strides, as here); the as_strided family addresses storage
+# and is left to the compiling path.
+_RESHAPE_ALIAS = torch.ops.aten._reshape_alias.default
+_STORAGE_STRIDED = frozenset(
+    (
+        torch.ops.aten.as_strided.default,
+        torch.ops.aten.as_strided_.default,
+        torch.ops.aten.as_strided_copy.default,
+        torch.ops.aten.as_strided_scatter.default,
+    )
+)
 
 
 def _fill(a: Any, ins: list[Any]) -> Any:

@@ -570,3 +570,16 @@ def test_erfcx_within_a_few_ulps(dtype):
     assert ulps.max() < 8, f"{ulps.max():.3g} ulps at x = {x[ulps.argmax()].item()}"
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0], dtype=dtype)
     assert_same(torch.special.erfcx(to_lazy(special)), torch.special.erfcx(special))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_logcumsumexp_keeps_eagers_branch(dtype):
+    """A complex log is defined up to 2*pi*i: eager's recurrence keeps x_0's imaginary part
+    unwrapped and adds each step's log1p to the larger operand's, a parallel scan wrapped it."""
+    x = torch.randn(4, 7, generator=torch.Generator().manual_seed(0), dtype=dtype) * 3
+    x[0, 0] = complex(3.9, 6.3)  # imaginary part beyond pi
+    x[1, 2] = complex(float("nan"), 0)
+    x[2, 0] = complex(float("-inf"), 1)
+    x[3, 3] = complex(float("inf"), 2)
+    for dim in (0, 1):
+        assert_same(torch.logcumsumexp(to_lazy(x), dim), torch.logcumsumexp(x, dim))

@@ -9,6 +9,7 @@ from jax import lax
 
 from . import creation
 from .registry import axis_of, lowering
+from .special_functions import _complex_logaddexp
 
 aten = torch.ops.aten
 
@@ -54,7 +55,23 @@ def cummin(x, dim):
 def logcumsumexp(x, dim):
     if x.ndim == 0:
         return x
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(x, axis_of(x, dim))
     return lax.cumlogsumexp(x, axis=axis_of(x, dim))
+
+
+def _complex_logcumsumexp(x, d):
+    """Eager's sequential recurrence acc = logaddexp(x_i, acc) from -inf: a complex log is
+    defined up to 2*pi*i, and eager's imaginary parts are the sums its order makes (x_0's own
+    for the first element, unwrapped); a parallel scan's combination order picks other branches."""
+    xs = jnp.moveaxis(x, d, 0)
+    init = jnp.full(xs.shape[1:], complex(-jnp.inf, 0), x.dtype)
+
+    def step(acc, xi):
+        acc = _complex_logaddexp(xi, acc)
+        return acc, acc
+
+    return jnp.moveaxis(lax.scan(step, init, xs)[1], 0, d)
 
 
 def _sorted_along(x, d):
