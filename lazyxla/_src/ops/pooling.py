@@ -222,17 +222,23 @@ for _op in (
     lowering(_op)(_up_nearest_backward(True))
 
 
+def _index_dtype(x):
+    """Eager computes source indices and weights in the op-math type: double for float64."""
+    return np.float64 if x.dtype == jnp.float64 else np.float32
+
+
 def _linear_axis(x, ax, n_out, align_corners, scale, wdtype):
     n_in = x.shape[ax]
-    s = np.float32(_scale(n_in, n_out, align_corners, scale))
-    i = np.arange(n_out, dtype=np.float32)
+    f = _index_dtype(x)
+    s = f(_scale(n_in, n_out, align_corners, scale))
+    i = np.arange(n_out, dtype=f)
     if align_corners:
         src = i * s
     else:
-        src = np.maximum((i + np.float32(0.5)) * s - np.float32(0.5), np.float32(0))
+        src = np.maximum((i + f(0.5)) * s - f(0.5), f(0))
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
-    lam1 = (src - i0).astype(np.float32)
+    lam1 = (src - i0).astype(f)
     shape = [1] * x.ndim
     shape[ax] = n_out
     if wdtype is None:
@@ -327,11 +333,12 @@ def _cubic_weights(t, a=-0.75):
 
 def _cubic_axis(x, ax, n_out, align_corners, scale):
     n_in = x.shape[ax]
-    s = np.float32(_scale(n_in, n_out, align_corners, scale))
-    i = np.arange(n_out, dtype=np.float32)
-    src = i * s if align_corners else (i + np.float32(0.5)) * s - np.float32(0.5)
+    f = _index_dtype(x)
+    s = f(_scale(n_in, n_out, align_corners, scale))
+    i = np.arange(n_out, dtype=f)
+    src = i * s if align_corners else (i + f(0.5)) * s - f(0.5)
     fl = np.floor(src)
-    t = (src - fl).astype(np.float32)
+    t = (src - fl).astype(f)
     fl = fl.astype(np.int64)
     ws = _cubic_weights(t)
     shape = [1] * x.ndim
@@ -339,9 +346,7 @@ def _cubic_axis(x, ax, n_out, align_corners, scale):
     out = 0
     for k in range(4):
         idx = np.clip(fl - 1 + k, 0, n_in - 1)
-        out = out + jnp.take(x, idx, axis=ax) * jnp.asarray(
-            ws[k].astype(np.float32).reshape(shape), x.dtype
-        )
+        out = out + jnp.take(x, idx, axis=ax) * jnp.asarray(ws[k].astype(f).reshape(shape), x.dtype)
     return out
 
 
