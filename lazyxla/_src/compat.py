@@ -229,6 +229,8 @@ def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
     if should_donate and runtime.is_shared_upload(node.data):
         return False  # a cached scalar upload other tensors share (Note [Device data cache])
     node.meta = _DONATE if should_donate else None
+    if should_donate:
+        graph.donation_marked[0] = True
     metrics.counter_inc("XlaSetBufferDonation")
     return True
 

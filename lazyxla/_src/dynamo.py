@@ -384,7 +384,7 @@ _trace_donors: list[dict[int, bool]] = []  # while a Trace runs its graph: {arg 
 
 
 def _any_marked(args: Sequence[Any]) -> bool:
-    return any(
+    return graph.donation_marked[0] and any(
         isinstance(a, torch.Tensor)
         and a.device.type == DEVICE_TYPE
         and read(state(a))[0].meta == graph.DONATE

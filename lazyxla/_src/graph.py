@@ -137,6 +137,7 @@ def set_allow_execution(allow: bool) -> None:
 # and fails when read, which is why donation is opt-in here (Note [Failed graphs]).
 KEEP = "keep"
 DONATE = "donate"  # marked by torch_xla._XLAC._set_buffer_donation: donatable though held
+donation_marked = [False]  # has any buffer been marked DONATE in this process (a cheap gate)
 
 
 def _alias_with_buffer_donor() -> bool:
@@ -238,9 +239,9 @@ class Capture:
         self.roots = [(pos[id(n)], k) for n, k in root_values]
         # Marked donors count in a full sync, or while torch_xla's buffer donor config is on
         # (Note [Buffer donor config] in dynamo.py); a hash or a partial sync ignores them.
-        marked = any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA) and (
-            full or _alias_with_buffer_donor()
-        )
+        marked = (
+            donation_marked[0] and any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
+        ) and (full or _alias_with_buffer_donor())
         self.donate = self._donation(nodes, root_values) if donate or marked else ()
         self.checked = FLAGS.check_indices  # Note [Checked indices]
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
