@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from util import DEV, assert_same, leaf, to_cpu, to_lazy
@@ -330,3 +332,28 @@ def test_neg_view_holds_negated_values():
     ref = prog(leaf(x))
     got = prog(leaf(x.to(DEV)))
     assert_same(got, ref, exact=True)
+
+
+def test_as_strided_scatter_of_a_strided_input_addresses_its_storage():
+    """as_strided_scatter inverts `self.as_strided(size, stride, offset)`, whose offset and strides
+    address self's storage: src lands only where the view meets self's elements, and the result
+    has self's layout (it wrote self's logical elements, as if self were contiguous)."""
+
+    def cases(dev):
+        big = torch.tensor([5.0, 7.0, 8.0, 6.0, 1.0, 2.0], device=dev)
+        x, y = big[1::2], big.reshape(2, 3).t()
+        calls = [
+            (x, (), (), 0),
+            (x, (1,), (1,), 1),
+            (x, (2,), (2,), None),
+            (x, (3,), (1,), 2),
+            (y, (2,), (3,), 1),
+        ]
+        out = []
+        for t, size, stride, offset in calls:
+            src = torch.arange(10.0, 10.0 + math.prod(size), device=dev).reshape(size)
+            r = torch.as_strided_scatter(t, src, size, stride, offset)
+            out.append((r.cpu().tolist(), r.stride(), r.storage_offset()))
+        return out
+
+    assert cases(DEV) == cases("cpu")

@@ -98,6 +98,9 @@ def install() -> None:
             dispatch.register_kernel(op, view_kernels.as_strided_kernel(lw.rule, SCATTERS[op]))
         elif op in VIEWS:
             dispatch.register_kernel(op, view_kernels.view_kernel(op, lw, SCATTERS.get(op)))
+        elif op is aten.as_strided_scatter.default:
+            kernel = recording.functional_kernel(op, lw)
+            dispatch.register_kernel(op, special.as_strided_scatter_kernel(kernel))
         elif op is aten.clone.default:
             kernel = recording.functional_kernel(op, lw)
             dispatch.register_kernel(op, sharding.clone_keeps_sharding(kernel))

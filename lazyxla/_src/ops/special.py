@@ -224,6 +224,34 @@ def kron_out(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> t
     return out
 
 
+# --- as_strided_scatter of a strided input ------------------------------------------------------
+# `as_strided_scatter(self, src, size, stride, offset)` is the inverse of `self.as_strided(size,
+# stride, offset)`, whose offset and strides address self's storage. Eager's result has self's
+# layout (strides and storage offset) over a copy of that storage, and src lands where the view
+# addresses it: an element of self only where the view meets self's own elements. The lowering
+# (shape.py) addresses self's logical elements, which is the same only for a contiguous self at
+# offset 0 (`as_strided_scatter(x[1::2], src, (), (), 0)` wrote x[1::2][0], eager writes storage
+# element 0, outside the view). Otherwise the same computation through lazyxla's storage views:
+
+
+def as_strided_scatter_kernel(functional: Any) -> Any:
+    def kernel(
+        x: torch.Tensor, src: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None
+    ) -> torch.Tensor:
+        if x.is_contiguous() and x.storage_offset() == 0:
+            return functional(x, src, size, stride, storage_offset)
+        buf = torch.zeros(
+            x.untyped_storage().nbytes() // x.element_size(), dtype=x.dtype, device=x.device
+        )
+        out = buf.as_strided(x.shape, x.stride(), x.storage_offset())
+        out.copy_(x)
+        offset = x.storage_offset() if storage_offset is None else storage_offset
+        buf.as_strided(size, stride, offset).copy_(src)
+        return out
+
+    return kernel
+
+
 def install() -> None:
     register_kernel(aten.kron.out, kron_out)
     register_kernel(aten._to_copy.default, _to_copy)
