@@ -211,3 +211,19 @@ def test_explain_shows_no_graph_breaks_for_the_decoder():
     explanation = torch._dynamo.explain(lambda t: model.loss(t, t))(tokens)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+
+
+def test_linalg_ops_with_error_checks_trace_once():
+    """`torch.linalg.inv`/`cholesky`/`solve` check `info` after their `_ex` op; the traced graph
+    read it at a placeholder and failed to lower (Note [Linalg info checks])."""
+    dev = lazyxla.device()
+    torch._dynamo.reset()
+
+    def f(a):
+        spd = a @ a.mT + torch.eye(4, device=a.device)
+        return torch.linalg.inv(a) + torch.linalg.cholesky(spd) + torch.linalg.solve(spd, a)
+
+    compiled = torch.compile(f, backend="lazyxla")
+    for seed in (0, 1):
+        a = torch.randn(4, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        torch.testing.assert_close(compiled(a.to(dev)).cpu(), f(a))

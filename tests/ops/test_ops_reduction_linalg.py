@@ -281,3 +281,24 @@ def test_vdot_conjugates_its_first_vector(dtype):
         lambda x, y: torch.vdot(x, y.conj()),
     ):
         torch.testing.assert_close(f(a.to(DEV), b.to(DEV)).cpu(), f(a, b))
+
+
+LINALG_CHECKED = {
+    "inv": lambda a: torch.linalg.inv(a),
+    "cholesky": lambda a: torch.linalg.cholesky(a @ a.mT + torch.eye(4, device=a.device)),
+    "solve": lambda a: torch.linalg.solve(a, a.sum(-1, keepdim=True)),
+    "lu_factor": lambda a: torch.linalg.lu_factor(a)[0],
+    "inv_ex": lambda a: torch.linalg.inv_ex(a, check_errors=True)[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINALG_CHECKED))
+def test_linalg_error_checks_do_not_run_the_graph(name):
+    """Note [Linalg info checks]: `_linalg_check_errors` read a lowering's zero `info`, which ran
+    the pending graph at every `inv` (one compile and execution in the middle of the step)."""
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    la = to_lazy(a)
+    executions = met.counter_value("ExecuteComputation") or 0
+    out = LINALG_CHECKED[name](la * 1.0)  # on a pending input
+    assert (met.counter_value("ExecuteComputation") or 0) == executions
+    assert_same(out, LINALG_CHECKED[name](a))

@@ -150,6 +150,23 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.eq(a, b).all().item())
 
 
+# Note [Linalg info checks]
+# `torch.linalg.inv`, `cholesky`, `solve`, `lu_factor`, ... call their `_ex` twin and then
+# `_linalg_check_errors(info)`, which reads `info` to raise eager's "singular matrix" errors. XLA's
+# factorizations report no such thing: lazyxla's lowerings return `info` = 0, as torch_xla's do,
+# so the check can never raise, yet reading it ran the pending graph in the middle of the step (a
+# sync per `inv`), and under torch.compile the traced graph stopped at a placeholder. The check
+# reads `info` only where it is device data (an `_ex` op that ran on the CPU fallback reports
+# eager's own info, and raises as eager does); a pending `info` is a lowering's zeros. The README's
+# "Differences" section says that singular inputs give NaN/inf instead of the error.
+
+
+def _linalg_check_errors(info: torch.Tensor, api_name: str, *, is_matrix: bool) -> None:
+    if state(info).is_pending:
+        return
+    torch.ops.aten._linalg_check_errors(download(info), api_name, is_matrix=is_matrix)
+
+
 # --- batch norm: outputs *and* running statistics written in place ---------------------------
 # PyTorch's batch-norm entry points update running_mean/var in place (some without saying so in
 # their schema), so they cannot be derived from a functional rule: each is the functional op
@@ -261,6 +278,7 @@ def install() -> None:
     register_kernel(aten._local_scalar_dense.default, _local_scalar_dense)
     register_kernel(aten.resize_.default, resize_)
     register_kernel(aten.equal.default, equal)
+    register_kernel(aten._linalg_check_errors.default, _linalg_check_errors)
     register_kernel(aten.native_batch_norm.default, native_batch_norm)
     register_kernel(aten._native_batch_norm_legit.default, native_batch_norm)
     register_kernel(aten._native_batch_norm_legit.no_stats, native_batch_norm_no_stats)
