@@ -227,3 +227,36 @@ def test_linalg_ops_with_error_checks_trace_once():
     for seed in (0, 1):
         a = torch.randn(4, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         torch.testing.assert_close(compiled(a.to(dev)).cpu(), f(a))
+
+
+COMPILED_OPS = {
+    # functionalization replays `unsqueeze_`/`squeeze_` on its wrapper tensors with dispatch off:
+    # lazyxla's in-place kernel met a tensor with no lazy value
+    "quantile": lambda x: torch.quantile(x, 0.3, dim=-1),
+    "in-place views": lambda x: x.clone().unsqueeze_(0).transpose_(0, 1).squeeze_() * 2,
+    # eval-mode saved statistics: eager's CPU kernel returns them empty, the meta kernel (C,)
+    "batch norm legit eval": lambda x: torch.ops.aten._native_batch_norm_legit(
+        x,
+        None,
+        None,
+        torch.zeros(4, device=x.device),
+        torch.ones(4, device=x.device),
+        False,
+        0.1,
+        1e-5,
+    )[0],
+    # linspace of tensor bounds reads them: the read's op runs outside the traced graph
+    "linspace of tensors": lambda x: torch.linspace(x.min(), x.max(), 7, device=x.device) + x.sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_OPS))
+def test_ops_that_failed_to_trace_once(name):
+    """Found by an OpInfo sweep through torch.compile(backend="lazyxla"): each raised at trace."""
+    dev = lazyxla.device()
+    torch._dynamo.reset()
+    fn = COMPILED_OPS[name]
+    compiled = torch.compile(fn, backend="lazyxla")
+    for seed in (0, 1):  # traced, then replayed on new data
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(compiled(x.to(dev)).cpu(), fn(x))

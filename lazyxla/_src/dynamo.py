@@ -78,6 +78,15 @@ class _Leaf:
         self.node = node
 
 
+class _Tracer(torch.fx.Interpreter):
+    """Runs an FX graph as calling it would, naming the node it is at (`fallback.tracing_target`):
+    the op a value read inside the trace is about (FallbackWhileTracing)."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        fallback.tracing_target = n.target
+        return super().run_node(n)
+
+
 class Trace:
     """One FX graph traced for one input signature."""
 
@@ -104,9 +113,10 @@ class Trace:
         _trace_donors[:] = [{}]  # See Note [Buffer donor config]
         try:
             with torch.no_grad():
-                outs = gm(*fake_args)
+                outs = _Tracer(gm).run(*fake_args)
         finally:
             fallback.tracing_graph = False
+            fallback.tracing_target = None
             self.donors: dict[int, bool] = _trace_donors.pop() if _trace_donors else {}
             token_out = collectives.swap_token(outer_token) if token_in is not None else None
         self.collectives = token_out is not None and token_out is not token_in

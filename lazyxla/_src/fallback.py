@@ -55,15 +55,18 @@ def _to_device(v: Any) -> Any:
 
 
 class FallbackWhileTracing(Exception):
-    """An op without a lowering inside a graph being traced once (see dynamo.py): the graph is
+    """An op without a lowering inside a graph being traced once (see dynamo.py), or an op that
+    reads a traced value (`read`: `linspace` of tensor bounds reads them): the graph is
     partitioned around it instead of running it on placeholder values."""
 
-    def __init__(self, op: OpOverload) -> None:
+    def __init__(self, op: Any, read: bool = False) -> None:
         super().__init__(str(op))
         self.op = op
+        self.read = read
 
 
 tracing_graph = False  # set by the trace-once backend while it traces an FX graph
+tracing_target: Any = None  # the FX node it is running (what a value read partitions out)
 
 
 def cpu_fallback(op: OpOverload, *args: Any, **kwargs: Any) -> Any:

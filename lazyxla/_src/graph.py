@@ -27,7 +27,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import analysis, collectives, host_read, metrics, runtime, sharding, step_closures
+from . import (
+    analysis,
+    collectives,
+    fallback,
+    host_read,
+    metrics,
+    runtime,
+    sharding,
+    step_closures,
+)
 from .config import FLAGS
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
@@ -423,6 +432,8 @@ def sync_read(s: LazyState) -> None:
     read(s)
     if not s.is_pending and s.failed is None:
         return
+    if fallback.tracing_target is not None:  # a trace-once graph has no values yet: the op
+        raise fallback.FallbackWhileTracing(fallback.tracing_target, read=True)  # runs outside
     if host_read.try_read(s, _MOVES):  # Note [Small integer reads on the host]
         return
     if not FLAGS.read_syncs_all or collectives.active():

@@ -179,9 +179,20 @@ _STATS_IN_INPUT_DTYPE = frozenset(
 
 
 def _eval_mode_bn(op: OpOverload, vals: list[Any]) -> bool:
+    """Eager's CPU kernels return empty saved statistics in eval mode (the meta kernels of the
+    `_legit` variants say (C,): AOTAutograd records `_native_batch_norm_legit_functional` so)."""
     if op is _aten._native_batch_norm_legit_no_training.default:
         return True
-    return op is _aten.native_batch_norm.default and not vals[5]
+    return op in _TRAINING_ARG_BN and not vals[5]
+
+
+_TRAINING_ARG_BN = frozenset(
+    (
+        _aten.native_batch_norm.default,
+        _aten._native_batch_norm_legit.default,
+        _aten._native_batch_norm_legit_functional.default,
+    )
+)
 
 
 def _cpu_specs(op: OpOverload, vals: list[Any], out: Any) -> Any:

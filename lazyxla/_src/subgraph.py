@@ -179,8 +179,8 @@ def trace(
     arg_specs = tuple(arg_specs)
     args = [placeholder(i, s) for i, s in enumerate(arg_specs)]
     rng_before = random_state.get_state()[1]
-    was_tracing = fallback.tracing_graph
-    fallback.tracing_graph = True
+    was_tracing, was_target = fallback.tracing_graph, fallback.tracing_target
+    fallback.tracing_graph, fallback.tracing_target = True, None  # (reads: subgraph_input)
     try:
         with torch.no_grad():
             outs = list(fn(args))
@@ -191,7 +191,7 @@ def trace(
             "out of the body"
         ) from None
     finally:
-        fallback.tracing_graph = was_tracing
+        fallback.tracing_graph, fallback.tracing_target = was_tracing, was_target
     rng_after = random_state.get_state()[1]
     roots: list[tuple[Node, int]] = []
     for i, o in enumerate(outs):

@@ -205,6 +205,7 @@ def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok:
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _METADATA_INPLACE = frozenset(
     {"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"}
 )
@@ -238,6 +239,11 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         dtype_slot = None
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        if reshapes and not hasattr(args[0].untyped_storage(), "_lx"):
+            # A wrapper tensor's metadata (functionalization's FunctionalTensor replays an
+            # in-place view op on it with dispatch off, under torch.compile): no lazy value to
+            # change, so only its sizes and strides, by the op's meta kernel.
+            return op._handle.redispatch_boxed(_META, *args, **kwargs)
         t0 = time.perf_counter_ns()
         metrics.counter_inc(counter)
         vals = bind(specs, args, kwargs)

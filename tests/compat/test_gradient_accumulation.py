@@ -143,7 +143,10 @@ def test_random_ops_draw_anew_each_iteration():
     assert last1.item() != last2.item()  # and every call too
 
 
-def test_activation_checkpointing_inside_train_step():
+def test_activation_checkpointing_inside_train_step(monkeypatch):
+    from lazyxla._src import remat
+
+    monkeypatch.setattr(remat, "_scheduler_checked", False)  # (warned once per process)
     cpu = _model()
     lazy = copy.deepcopy(cpu).to(DEV)
     torch.manual_seed(3)
