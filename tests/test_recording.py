@@ -332,3 +332,34 @@ def test_foreach_adamw_steps_like_eager():
         runs.append([p.detach().cpu() for p in m.parameters()])
     for r, o in zip(*runs, strict=True):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+
+
+def test_like_factories_do_not_hold_their_inputs_graph():
+    """Note [Like factories read a layout]: `zeros_like(y)` recorded y's whole computation as its
+    input, so each producer of y made a new graph (and a compile) for the same zeros."""
+    import lazyxla.debug.metrics as met
+
+    x = torch.randn(3, 4).to(DEV)
+    lazyxla.sync()
+    compiles = []
+    for make in (lambda: (x * 2).exp(), lambda: x.sin() + 1):  # two producers
+        y = make()
+        outs = [
+            torch.zeros_like(y),
+            torch.ones_like(y.t()),
+            torch.full_like(y, 2.5, dtype=torch.float64),
+            torch.empty_like(y).fill_(3),
+        ]
+        del y  # only the factories' results are live: y's graph is not theirs
+        c = met.counter_value("UncachedCompile") or 0
+        got = [o.cpu() for o in outs]
+        compiles.append((met.counter_value("UncachedCompile") or 0) - c)
+        ref = [
+            torch.zeros(3, 4),
+            torch.ones(3, 4).t(),
+            torch.full((3, 4), 2.5, dtype=torch.float64),
+            torch.full((3, 4), 3.0),
+        ]
+        for g, r in zip(got, ref):
+            assert torch.equal(g, r) and g.stride() == r.stride()
+    assert compiles[1] == 0, compiles  # the second producer's factories reuse the first graph

@@ -81,6 +81,14 @@ def _functional_of_out(op: OpOverload, lowered: Any) -> OpOverload | None:
 
 
 _installed = False
+_LAYOUT_ONLY = frozenset(
+    (
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.empty_like.default,
+        aten.full_like.default,
+    )
+)
 
 
 def install() -> None:
@@ -98,6 +106,8 @@ def install() -> None:
             dispatch.register_kernel(op, view_kernels.as_strided_kernel(lw.rule, SCATTERS[op]))
         elif op in VIEWS:
             dispatch.register_kernel(op, view_kernels.view_kernel(op, lw, SCATTERS.get(op)))
+        elif op in _LAYOUT_ONLY:  # Note [Like factories read a layout]
+            dispatch.register_kernel(op, special.layout_only(recording.functional_kernel(op, lw)))
         elif op is aten.as_strided_scatter.default:
             kernel = recording.functional_kernel(op, lw)
             dispatch.register_kernel(op, special.as_strided_scatter_kernel(kernel))

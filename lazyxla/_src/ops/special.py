@@ -8,7 +8,7 @@ import torch
 
 from .. import error_messages, fallback, metrics, runtime
 from ..dispatch import register_kernel, traced
-from ..ir import TensorSpec
+from ..ir import Node, TensorSpec
 from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
 from ..transfer import download, upload
 from ..writes import cast_value, check_write_overlap, resize_output
@@ -148,6 +148,41 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape:
         return False
     return bool(torch.eq(a, b).all().item())
+
+
+# Note [Like factories read a layout]
+# `zeros_like(x)`, `ones_like`, `empty_like` and `full_like` read x's shape, dtype and strides,
+# never its values; recorded with x as an input, the result's graph held x's whole pending
+# computation (a new graph, and a new compile, for each producer of x) and a tensor without a
+# lazy value (FakeTensor's fallback runs `zeros_like(fake)` on the device) failed. They take a
+# leaf of x's layout instead (its lowering is zeros, which XLA removes as unused).
+
+_LAYOUT_OF = "xla::layout_of"
+
+
+def _layout_rule(shape: Any, dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.zeros(shape, runtime.jnp_dtype(dtype))
+
+
+def layout_only(kernel: Any) -> Any:
+    def like(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        spec = TensorSpec(tuple(x.shape), x.dtype)
+        # (aten: a host read evaluates the leaf as `zeros(shape, dtype=)`)
+        leaf = Node(
+            _LAYOUT_OF,
+            _layout_rule,
+            (),
+            (spec.shape, spec.dtype),
+            (),
+            (spec,),
+            aten=aten.zeros.default,
+        )
+        stride = None if x.is_contiguous() else tuple(x.stride())
+        return kernel(new_tensor((leaf, 0), spec, stride), *args, **kwargs)
+
+    return like
 
 
 # Note [Linalg info checks]
