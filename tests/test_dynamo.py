@@ -263,3 +263,21 @@ def test_ops_that_failed_to_trace_once(name):
     for seed in (0, 1):  # traced, then replayed on new data
         x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
         torch.testing.assert_close(compiled(x.to(dev)).cpu(), fn(x))
+
+
+def test_backward_runs_on_the_calling_thread():
+    """Note [Backward on the calling thread]: autograd multithreading is off, and a compiled
+    graph's backward (AOTAutograd's, replayed) still gives eager's gradients."""
+    assert not torch._C._is_multithreading_enabled()
+    dev = lazyxla.device()
+    torch._dynamo.reset()
+    fn = lambda x, i, v: torch.index_put(x, [i], v) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="lazyxla")
+    x, v = torch.randn(5, 5, requires_grad=True), torch.randn(1, 5, requires_grad=True)
+    i = torch.tensor([3])
+    want = torch.autograd.grad(fn(x, i, v).sum(), [x, v])
+    xl = x.detach().to(dev).requires_grad_()
+    vl = v.detach().to(dev).requires_grad_()
+    got = torch.autograd.grad(compiled(xl, i.to(dev), vl).sum(), [xl, vl])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)

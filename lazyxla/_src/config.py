@@ -62,6 +62,14 @@ _FLAGS: dict[str, Flag] = {
         "answered on the host instead of compiling a graph. See Note [Small integer reads on "
         "the host].",
     ),
+    "autograd_threads": Flag(
+        "LAZYXLA_AUTOGRAD_THREADS",
+        bool,
+        False,
+        "Let PyTorch's autograd engine run backward on a thread per device, its default for "
+        "accelerators. Off, lazyxla turns autograd multithreading off at import, so backward runs "
+        "on the calling thread. See Note [Backward on the calling thread].",
+    ),
     "check_indices": Flag(
         "LAZYXLA_CHECK_INDICES",
         bool,
