@@ -281,3 +281,22 @@ def test_backward_runs_on_the_calling_thread():
     got = torch.autograd.grad(compiled(xl, i.to(dev), vl).sum(), [xl, vl])
     for g, w in zip(got, want):
         torch.testing.assert_close(g.cpu(), w)
+
+
+def test_cpu_fallback_inside_a_composite_backward_is_partitioned_out():
+    """masked_scatter's backward decomposes into masked_select (a data-dependent shape: the CPU
+    fallback); the graph was re-partitioned around masked_select, which is not one of its nodes,
+    without end (RecursionError). The node that ran it is left out now."""
+    dev = lazyxla.device()
+    torch._dynamo.reset()
+    fn = lambda x, m, s: torch.masked_scatter(x, m, s)  # noqa: E731
+    compiled = torch.compile(fn, backend="lazyxla")
+    g = torch.Generator().manual_seed(0)
+    x, s = torch.randn(5, 5, generator=g), torch.randn(5, 5, generator=g)
+    m = torch.randn(5, 5, generator=g) > 0
+    x.requires_grad_(), s.requires_grad_()
+    want = torch.autograd.grad(fn(x, m, s).sum(), [x, s])
+    xl, sl = (t.detach().to(dev).requires_grad_() for t in (x, s))
+    got = torch.autograd.grad(compiled(xl, m.to(dev), sl).sum(), [xl, sl])
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a.cpu(), w)

@@ -267,7 +267,8 @@ class CompiledGraph:
             try:
                 tr = self.traces[key] = Trace(self.gm, args)
             except fallback.FallbackWhileTracing as e:
-                self.partitioned = partition_for_cpu_fallback(self.gm, {e.op}, self.sync)
+                unsupported = {e.op} if e.node is None else {e.op, e.node}
+                self.partitioned = partition_for_cpu_fallback(self.gm, unsupported, self.sync)
                 return self(*args)
         return tr.replay(args, self.sync)
 
@@ -299,6 +300,13 @@ def partition_for_cpu_fallback(
                 )
             return True
 
+    if not any(n.op == "call_function" and n.target in unsupported for n in gm.graph.nodes):
+        # (partitioning would give back the same graph, which fails the same way, endlessly)
+        raise RuntimeError(
+            f"torch.compile(backend='lazyxla'): {', '.join(map(str, unsupported))} cannot be "
+            "traced and is not a node of the graph to partition it out; run this code without "
+            "torch.compile, or report it with the graph (TORCH_LOGS=graph_code)"
+        )
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
     fused = partitioner.fuse_partitions(partitioner.propose_partitions())
     for name, sub in list(fused.named_children()):

@@ -63,6 +63,9 @@ class FallbackWhileTracing(Exception):
         super().__init__(str(op))
         self.op = op
         self.read = read
+        # The FX node's target being traced: `op` may run inside it (masked_scatter_backward
+        # decomposes into masked_select), and the partition must leave out the node itself.
+        self.node = tracing_target
 
 
 tracing_graph = False  # set by the trace-once backend while it traces an FX graph
