@@ -4,7 +4,9 @@ Each entry that runs on lazyxla (docs/op_coverage.md: lowered or fallback) is ca
 trace-once backend on its first sample in its primary dtype (float32 where supported, else int64),
 twice on fresh device copies: the first call traces the graph dynamo and AOTAutograd give it, the
 second replays it. Values and the inputs after the call (in-place ops) are compared with eager as
-op_coverage compares them (its tolerances, tie rules and float64 judge). What this finds is the
+op_coverage compares them (its tolerances, tie rules and float64 judge). Entries with float32
+autograd also run their first sample with inputs that require grad: AOTAutograd's forward and
+backward graphs, traced and replayed, must give eager's gradients. What this finds is the
 backend's own failures, which the recorded path does not meet: functionalization's wrapper
 tensors reaching a kernel, FakeTensor's fallback for ops without a meta kernel, value reads
 inside a traced graph, meta kernels that disagree with eager's CPU outputs.
@@ -66,6 +68,90 @@ def check(key: str) -> str | None:
     return None
 
 
+def check_grad(key: str) -> str | None:
+    """None if `key`'s float32 gradients through the backend are eager's (or it has none)."""
+    if key in oc.SKIPS or key in oc.UNDEFINED_VALUES or key in oc.KEEP_CPU_ARGS:
+        return None
+    if key in COMPILE_SKIPS or key in oc.GRAD_SKIPS:
+        return None
+    op = oc.op_db()[key]
+    if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
+        return None
+    tol = dict(oc.TOLERANCES.get(key, ({}, ""))[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, s in enumerate(oc._samples(op, torch.float32, True, 1)):
+            cpu_s = oc._clone_cpu((s.input, s.args, s.kwargs))
+            wrt_c = [t for t in oc._tensors(cpu_s) if t.requires_grad]
+            try:
+                outs_c = [
+                    o
+                    for o in oc._tensors(s.output_process_fn_grad(_run(op, cpu_s)))
+                    if o.requires_grad
+                ]
+                if not wrt_c or not outs_c:
+                    continue
+                g = torch.Generator().manual_seed(i)
+                cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_c]
+                grads_c = torch.autograd.grad(outs_c, wrt_c, cot, allow_unused=True)
+            except Exception:
+                continue  # eager rejects the sample
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda *a, **kw: op(*a, **kw), backend="lazyxla")
+            lazy_s = oc._to_lazy(cpu_s)
+            wrt_l = [t for t in oc._tensors(lazy_s) if t.requires_grad]
+            try:
+                out_l = s.output_process_fn_grad(_run(compiled, lazy_s))
+                outs_l = [o for o in oc._tensors(out_l) if o.requires_grad]
+                if len(outs_l) != len(outs_c):
+                    return f"{len(outs_l)} differentiable outputs, eager has {len(outs_c)}"
+                grads_l = torch.autograd.grad(
+                    outs_l, wrt_l, [c.to(oc.DEV) for c in cot], allow_unused=True
+                )
+                pairs = [
+                    oc._zeros_for_none(None if a is None else a.cpu(), b)
+                    for a, b in zip(grads_l, grads_c)
+                ]
+                for a, b in pairs:
+                    if b is not None:
+                        oc._compare(a, b, tol)
+            except AssertionError:
+                return _judge_grads(op, s, pairs, cot, tol)
+            except Exception as e:
+                return f"gradients: {oc._short(e)}"
+    return None
+
+
+def _run(f, sample: tuple):
+    x, args, kwargs = sample
+    return f(x, *args, **kwargs)
+
+
+def _judge_grads(op, s, pairs, cot, tol) -> str | None:
+    """A gradient mismatch judged against float64 gradients, as op_coverage judges it."""
+    wide_s = oc._widen((s.input, s.args, s.kwargs), torch.float32)
+    outs_w = [
+        o
+        for o in oc._tensors(s.output_process_fn_grad(op(wide_s[0], *wide_s[1], **wide_s[2])))
+        if o.requires_grad
+    ]
+    wrt_w = [t for t in oc._tensors(wide_s) if t.requires_grad]
+    grads_w = torch.autograd.grad(
+        outs_w, wrt_w, [c.to(o.dtype) for c, o in zip(cot, outs_w)], allow_unused=True
+    )
+    pairs_w = [oc._zeros_for_none(w, b) for w, (_, b) in zip(grads_w, pairs)]
+    try:
+        oc._no_worse_than_eager(
+            [a for a, b in pairs if b is not None],
+            [b for _, b in pairs if b is not None],
+            [w for w, b in pairs_w if b is not None],
+            tol,
+        )
+    except AssertionError as e:
+        return f"gradients: {oc._short(e)}"
+    return None
+
+
 def _compare(op, key, s, dtype, actual, expected, tol) -> None:
     try:
         oc._compare(actual, expected, tol, True, key)
@@ -85,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = 0
     keys = [k for k in oc.doc_keys() if args.k in k]
     for key in keys:
-        why = check(key)
+        why = check(key) or check_grad(key)
         if why is not None:
             failed += 1
             print(f"{key}: {why}")

@@ -1,6 +1,7 @@
-"""PyTorch's OpInfo database through torch.compile(backend="lazyxla"), traced then replayed, vs
-eager CPU (lazyxla/tools/op_coverage_compiled.py). Split over this file and
-test_opinfo_compiled_part2.py so that `--dist loadfile` runs them on two workers."""
+"""PyTorch's OpInfo database through torch.compile(backend="lazyxla"), traced then replayed, and
+float32 gradients through AOTAutograd's graphs, vs eager CPU (lazyxla/tools/
+op_coverage_compiled.py). Split over this file and test_opinfo_compiled_part2.py so that
+`--dist loadfile` runs them on two workers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def shard(i: int) -> list[str]:
 
 
 def check_entry(key: str) -> None:
-    why = occ.check(key)
+    why = occ.check(key) or occ.check_grad(key)
     assert why is None, f"{key} through torch.compile(backend='lazyxla'): {why}"
 
 
