@@ -721,6 +721,51 @@ def _check_forward(
     return LOWERED, "", fell
 
 
+def eager_grads(op: Any, s: Any, cpu_s: Any, seed: int) -> tuple[list, list, tuple] | None:
+    """Eager's float32 gradients of grad sample `s` (run on its copy `cpu_s`): the differentiable
+    outputs, the random cotangents (seeded by `seed`) and the gradients of the inputs that require
+    grad; None where eager rejects the sample or there is nothing to differentiate."""
+    wrt = [t for t in _tensors(cpu_s) if t.requires_grad]
+    try:
+        out = s.output_process_fn_grad(op(cpu_s[0], *cpu_s[1], **cpu_s[2]))
+        outs = [o for o in _tensors(out) if o.requires_grad]
+        if not wrt or not outs:
+            return None
+        g = torch.Generator().manual_seed(seed)
+        cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs]
+        return outs, cot, torch.autograd.grad(outs, wrt, cot, allow_unused=True)
+    except Exception:
+        return None
+
+
+def compare_grads(
+    op: Any, s: Any, actual: list, expected: tuple, cot: list, tol: dict[str, float]
+) -> None:
+    """lazyxla's gradients against eager's, as values are compared: within `tol`, or else no
+    farther from the float64 gradients than eager's (_no_worse_than_eager). Raises
+    AssertionError."""
+    pairs = [_zeros_for_none(a, e) for a, e in zip(actual, expected)]
+    pairs = [(a, e) for a, e in pairs if e is not None]
+    try:
+        for a, e in pairs:
+            _compare(a, e, tol)
+    except AssertionError:
+        wide_s = _widen((s.input, s.args, s.kwargs), torch.float32)
+        out_w = s.output_process_fn_grad(op(wide_s[0], *wide_s[1], **wide_s[2]))
+        outs_w = [o for o in _tensors(out_w) if o.requires_grad]
+        wrt_w = [t for t in _tensors(wide_s) if t.requires_grad]
+        grads_w = torch.autograd.grad(
+            outs_w, wrt_w, [c.to(o.dtype) for c, o in zip(cot, outs_w)], allow_unused=True
+        )
+        pairs_w = [_zeros_for_none(w, e) for w, e in zip(grads_w, expected)]
+        _no_worse_than_eager(
+            [a for a, _ in pairs],
+            [e for _, e in pairs],
+            [w for w, e in pairs_w if e is not None],
+            tol,
+        )
+
+
 def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
     if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
         return NA, ""
@@ -739,18 +784,11 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
             lazy_s = (_to_lazy(cpu_s[0]), _clone_cpu(cpu_s[1]), _clone_cpu(cpu_s[2]))
         else:
             lazy_s = _to_lazy(cpu_s)
-        wrt_c = [t for t in _tensors(cpu_s) if t.requires_grad]
-        wrt_l = [t for t in _tensors(lazy_s) if t.requires_grad]
-        try:
-            out_c = s.output_process_fn_grad(op(cpu_s[0], *cpu_s[1], **cpu_s[2]))
-            outs_c = [o for o in _tensors(out_c) if o.requires_grad]
-            if not wrt_c or not outs_c:
-                continue
-            g = torch.Generator().manual_seed(i)
-            cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_c]
-            grads_c = torch.autograd.grad(outs_c, wrt_c, cot, allow_unused=True)
-        except Exception:
+        eager = eager_grads(op, s, cpu_s, i)
+        if eager is None:
             continue
+        outs_c, cot, grads_c = eager
+        wrt_l = [t for t in _tensors(lazy_s) if t.requires_grad]
         ran += 1
         before = _fallbacks()
         try:
@@ -769,26 +807,7 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
             return FAILS, f"{where}: {_short(e)}"
         fell.update(_moved(before))
         try:
-            pairs = [_zeros_for_none(gl, gc) for gl, gc in zip(grads_l, grads_c)]
-            pairs = [(gl, gc) for gl, gc in pairs if gc is not None]
-            try:
-                for gl, gc in pairs:
-                    _compare(gl, gc, tol)
-            except AssertionError:  # judged against float64 gradients (_no_worse_than_eager)
-                wide_s = _widen((s.input, s.args, s.kwargs), torch.float32)
-                out_w = s.output_process_fn_grad(op(wide_s[0], *wide_s[1], **wide_s[2]))
-                outs_w = [o for o in _tensors(out_w) if o.requires_grad]
-                wrt_w = [t for t in _tensors(wide_s) if t.requires_grad]
-                grads_w = torch.autograd.grad(
-                    outs_w, wrt_w, [c.to(o.dtype) for c, o in zip(cot, outs_w)], allow_unused=True
-                )
-                pairs_w = [_zeros_for_none(gw, gc) for gw, gc in zip(grads_w, grads_c)]
-                _no_worse_than_eager(
-                    [gl for gl, _ in pairs],
-                    [gc for _, gc in pairs],
-                    [gw for gw, gc in pairs_w if gc is not None],
-                    tol,
-                )
+            compare_grads(op, s, grads_l, grads_c, cot, tol)
         except Exception as e:
             return FAILS, f"{where}: {_short(e)}"
     if not ran:

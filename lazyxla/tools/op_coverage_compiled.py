@@ -82,73 +82,26 @@ def check_grad(key: str) -> str | None:
         warnings.simplefilter("ignore")
         for i, s in enumerate(oc._samples(op, torch.float32, True, 1)):
             cpu_s = oc._clone_cpu((s.input, s.args, s.kwargs))
-            wrt_c = [t for t in oc._tensors(cpu_s) if t.requires_grad]
-            try:
-                outs_c = [
-                    o
-                    for o in oc._tensors(s.output_process_fn_grad(_run(op, cpu_s)))
-                    if o.requires_grad
-                ]
-                if not wrt_c or not outs_c:
-                    continue
-                g = torch.Generator().manual_seed(i)
-                cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_c]
-                grads_c = torch.autograd.grad(outs_c, wrt_c, cot, allow_unused=True)
-            except Exception:
-                continue  # eager rejects the sample
+            eager = oc.eager_grads(op, s, cpu_s, i)
+            if eager is None:
+                continue
+            outs_c, cot, grads_c = eager
             torch._dynamo.reset()
             compiled = torch.compile(lambda *a, **kw: op(*a, **kw), backend="lazyxla")
             lazy_s = oc._to_lazy(cpu_s)
             wrt_l = [t for t in oc._tensors(lazy_s) if t.requires_grad]
             try:
-                out_l = s.output_process_fn_grad(_run(compiled, lazy_s))
+                out_l = s.output_process_fn_grad(compiled(lazy_s[0], *lazy_s[1], **lazy_s[2]))
                 outs_l = [o for o in oc._tensors(out_l) if o.requires_grad]
                 if len(outs_l) != len(outs_c):
                     return f"{len(outs_l)} differentiable outputs, eager has {len(outs_c)}"
                 grads_l = torch.autograd.grad(
                     outs_l, wrt_l, [c.to(oc.DEV) for c in cot], allow_unused=True
                 )
-                pairs = [
-                    oc._zeros_for_none(None if a is None else a.cpu(), b)
-                    for a, b in zip(grads_l, grads_c)
-                ]
-                for a, b in pairs:
-                    if b is not None:
-                        oc._compare(a, b, tol)
-            except AssertionError:
-                return _judge_grads(op, s, pairs, cot, tol)
+                grads_l = [None if g is None else g.cpu() for g in grads_l]
+                oc.compare_grads(op, s, grads_l, grads_c, cot, tol)
             except Exception as e:
                 return f"gradients: {oc._short(e)}"
-    return None
-
-
-def _run(f, sample: tuple):
-    x, args, kwargs = sample
-    return f(x, *args, **kwargs)
-
-
-def _judge_grads(op, s, pairs, cot, tol) -> str | None:
-    """A gradient mismatch judged against float64 gradients, as op_coverage judges it."""
-    wide_s = oc._widen((s.input, s.args, s.kwargs), torch.float32)
-    outs_w = [
-        o
-        for o in oc._tensors(s.output_process_fn_grad(op(wide_s[0], *wide_s[1], **wide_s[2])))
-        if o.requires_grad
-    ]
-    wrt_w = [t for t in oc._tensors(wide_s) if t.requires_grad]
-    grads_w = torch.autograd.grad(
-        outs_w, wrt_w, [c.to(o.dtype) for c, o in zip(cot, outs_w)], allow_unused=True
-    )
-    pairs_w = [oc._zeros_for_none(w, b) for w, (_, b) in zip(grads_w, pairs)]
-    try:
-        oc._no_worse_than_eager(
-            [a for a, b in pairs if b is not None],
-            [b for _, b in pairs if b is not None],
-            [w for w, b in pairs_w if b is not None],
-            tol,
-        )
-    except AssertionError as e:
-        return f"gradients: {oc._short(e)}"
     return None
 
 
