@@ -113,7 +113,9 @@ class Trace:
         _trace_donors[:] = [{}]  # See Note [Buffer donor config]
         try:
             with torch.no_grad():
-                outs = _Tracer(gm).run(*fake_args)
+                # (export.py traces its own interpreter object, not a GraphModule)
+                is_gm = isinstance(gm, torch.fx.GraphModule)
+                outs = _Tracer(gm).run(*fake_args) if is_gm else gm(*fake_args)
         finally:
             fallback.tracing_graph = False
             fallback.tracing_target = None
