@@ -341,13 +341,15 @@ def test_as_strided_scatter_of_a_strided_input_addresses_its_storage():
 
     def cases(dev):
         big = torch.tensor([5.0, 7.0, 8.0, 6.0, 1.0, 2.0], device=dev)
-        x, y = big[1::2], big.reshape(2, 3).t()
+        x, y, head = big[1::2], big.reshape(2, 3).t(), big[:3]
         calls = [
             (x, (), (), 0),
             (x, (1,), (1,), 1),
             (x, (2,), (2,), None),
             (x, (3,), (1,), 2),
             (y, (2,), (3,), 1),
+            (head, (2,), (1,), 2),  # contiguous, but its storage goes on past its end
+            (big, (2,), (2,), 1),
         ]
         out = []
         for t, size, stride, offset in calls:
@@ -357,3 +359,7 @@ def test_as_strided_scatter_of_a_strided_input_addresses_its_storage():
         return out
 
     assert cases(DEV) == cases("cpu")
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):  # eager's error
+        torch.as_strided_scatter(
+            torch.zeros(4, device=DEV), torch.ones(2, device=DEV), (2,), (1,), 3
+        )

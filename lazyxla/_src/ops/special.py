@@ -281,16 +281,30 @@ def kron_out(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> t
 # stride, offset)`, whose offset and strides address self's storage. Eager's result has self's
 # layout (strides and storage offset) over a copy of that storage, and src lands where the view
 # addresses it: an element of self only where the view meets self's own elements. The lowering
-# (shape.py) addresses self's logical elements, which is the same only for a contiguous self at
-# offset 0 (`as_strided_scatter(x[1::2], src, (), (), 0)` wrote x[1::2][0], eager writes storage
-# element 0, outside the view). Otherwise the same computation through lazyxla's storage views:
+# (shape.py) addresses self's logical elements, which is the same only where self is its whole
+# storage, contiguous, and the view stays inside it (`as_strided_scatter(x[1::2], src, (), (), 0)`
+# wrote x[1::2][0], eager writes storage element 0, outside the view; a view past the end of
+# `x[:3]` was clamped back into it, one past the storage's end wrote where eager raises).
+# Otherwise the same computation through lazyxla's storage views, whose as_strided checks bounds:
+
+
+def _view_inside(x: torch.Tensor, size: Any, stride: Any, offset: Any) -> bool:
+    """Whether `x.as_strided(size, stride, offset)` only addresses x's own elements, in order."""
+    if x.storage_offset() or not x.is_contiguous():
+        return False
+    if x.untyped_storage().nbytes() != x.numel() * x.element_size():
+        return False
+    if 0 in size:
+        return True
+    offset = offset or 0
+    return offset >= 0 and offset + sum((n - 1) * s for n, s in zip(size, stride)) < x.numel()
 
 
 def as_strided_scatter_kernel(functional: Any) -> Any:
     def kernel(
         x: torch.Tensor, src: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None
     ) -> torch.Tensor:
-        if x.is_contiguous() and x.storage_offset() == 0:
+        if _view_inside(x, size, stride, storage_offset):
             return functional(x, src, size, stride, storage_offset)
         buf = torch.zeros(
             x.untyped_storage().nbytes() // x.element_size(), dtype=x.dtype, device=x.device
