@@ -56,13 +56,12 @@ def _to_device(v: Any) -> Any:
 
 class FallbackWhileTracing(Exception):
     """An op without a lowering inside a graph being traced once (see dynamo.py), or an op that
-    reads a traced value (`read`: `linspace` of tensor bounds reads them): the graph is
-    partitioned around it instead of running it on placeholder values."""
+    reads a traced value (`linspace` of tensor bounds reads them): the graph is partitioned
+    around it instead of running it on placeholder values."""
 
-    def __init__(self, op: Any, read: bool = False) -> None:
+    def __init__(self, op: Any) -> None:
         super().__init__(str(op))
         self.op = op
-        self.read = read
         # The FX node's target being traced: `op` may run inside it (masked_scatter_backward
         # decomposes into masked_select), and the partition must leave out the node itself.
         self.node = tracing_target

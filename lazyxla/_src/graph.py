@@ -433,7 +433,7 @@ def sync_read(s: LazyState) -> None:
     if not s.is_pending and s.failed is None:
         return
     if fallback.tracing_target is not None:  # a trace-once graph has no values yet: the op
-        raise fallback.FallbackWhileTracing(fallback.tracing_target, read=True)  # runs outside
+        raise fallback.FallbackWhileTracing(fallback.tracing_target)  # runs outside
     if host_read.try_read(s, _MOVES):  # Note [Small integer reads on the host]
         return
     if not FLAGS.read_syncs_all or collectives.active():
