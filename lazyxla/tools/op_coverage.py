@@ -23,6 +23,7 @@ supports (bfloat16, float16, int64, bool, float64, complex64, uint8). ``full=Tru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -618,10 +619,28 @@ def _plan(op: Any, full: bool) -> list[tuple[torch.dtype, int | None]]:
     return plan
 
 
+@contextlib.contextmanager
+def _no_test_fn_lookup() -> Any:
+    """OpInfo's sample iterators look for the running unittest method with `inspect.stack()`,
+    and the list of frames they keep is a reference cycle through every caller's frame: this
+    tool's frames, with their lazy tensors, stayed alive (still pending) until the cyclic
+    collector ran, and a later sync of the same process ran them as part of its graph (an extra
+    compile, in whichever test came next). Outside unittest the lookup finds nothing anyway."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = saved
+
+
 def _samples(op: Any, dtype: torch.dtype, requires_grad: bool, n: int | None) -> list[Any]:
     torch.manual_seed(0)
     out = []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_test_fn_lookup():
         warnings.simplefilter("ignore")
         for i, s in enumerate(op.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
             if n is not None and i >= n:
