@@ -31,6 +31,7 @@ COMPILE_CLEAR = "{api}.compile clear the pending graph prior calling the target 
 COMPILE = "{api}.compile"
 DYNAMO_INPUTS = "{api}.sync when dynamo processing input graphs"
 DYNAMO_EXECUTE = "dynamo is executing a compiled program"
+ENTER_SPMD = "use_spmd() runs the work pending on one device before entering SPMD mode"
 # A dynamo graph's compile has its own cause; its execution's is DYNAMO_EXECUTE.
 _COMPILE_CAUSE = {DYNAMO_EXECUTE: "dynamo is compiling a FX graph to HLO"}
 # Eager mode's op-by-op executions: torch_xla analyses none of them.

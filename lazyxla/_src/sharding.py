@@ -58,12 +58,17 @@ def use_spmd(auto: bool = False) -> None:
     a CPU tensor moved to the device from then on waits on the host until it is sharded or used,
     Note [SPMD virtual device]).
 
-    Data already on the device moves now, once, so one graph never mixes device sets.
+    Data already on the device moves now, once, so one graph never mixes device sets. Work
+    still pending runs first, on the one device it was recorded for: its graphs read the
+    single-device data, and a later graph joining them with sharded data could not run.
     """
     global _spmd
     os.environ["XLA_USE_SPMD"] = "1"  # what torch_xla's `is_spmd()` reads (runtime_api)
     if _spmd:
         return
+    from . import analysis, graph
+
+    graph.sync_states(None, wait=True, cause=analysis.ENTER_SPMD)
     _spmd = True
     metrics.mode_renames["ExecuteTime"] = "ExecuteReplicatedTime"  # as torch_xla names it
     from .tensor import live_states
@@ -81,6 +86,7 @@ def use_spmd(auto: bool = False) -> None:
             else:
                 arr = jax.device_put(node.data, replicated)
             s.value = (device_data(arr, s.spec, sharding=sharding_key(replicated, arr.ndim)), 0)
+            s.version += 1  # its views re-derive from the moved data when next read
 
 
 def is_spmd() -> bool:

@@ -181,6 +181,28 @@ def test_is_spmd_reads_the_environment_as_torch_xla_does():
     assert met.counter_value("ExecuteComputation") is None
 
 
+def test_use_spmd_runs_pending_work_and_moves_views_with_their_base(mesh):
+    """Tensors made before `use_spmd()`: pending work runs on its one device first, data moves
+    replicated, and a view of moved data reads it through the moved base. Joining any of them with
+    sharded data ran nothing before ("incompatible devices": the pending graph and the view still
+    read the single-device array)."""
+    from lazyxla._src import sharding
+
+    sharding._leave_spmd_for_tests()
+    x_cpu = torch.arange(8.0)
+    x = x_cpu.to(dev)
+    lazyxla.sync(wait=True)
+    view = x[1:]
+    pending = x * 2
+    met.clear_all()
+    runtime_api.use_spmd()
+    assert met.counter_value("ExecuteComputation") == 1  # the pending work, on one device
+    t = torch.ones(8, 7).to(dev)
+    xs.mark_sharding(t, mesh, ("x", None))
+    out = t + pending[1:] + view
+    torch.testing.assert_close(out.cpu(), torch.ones(8, 7) + x_cpu[1:] * 3)
+
+
 def test_the_sharding_strategies_benchmark_layout_trains_like_eager():
     """The layout of torch_xla's test/spmd/test_sharding_strategies.py (run by the upstream tool
     as a program): a batch and an MLP moved to the device, a sync, then FSDP-style weight
