@@ -1,6 +1,7 @@
 """torch.compile(backend="lazyxla"): trace once, replay; inference and training equal eager."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -297,6 +298,12 @@ def test_cpu_fallback_inside_a_composite_backward_is_partitioned_out():
     x.requires_grad_(), s.requires_grad_()
     want = torch.autograd.grad(fn(x, m, s).sum(), [x, s])
     xl, sl = (t.detach().to(dev).requires_grad_() for t in (x, s))
-    got = torch.autograd.grad(compiled(xl, m.to(dev), sl).sum(), [xl, sl])
-    for a, w in zip(got, want):
-        torch.testing.assert_close(a.cpu(), w)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch.autograd.grad(compiled(xl, m.to(dev), sl).sum(), [xl, sl])
+        for a, w in zip(got, want):
+            torch.testing.assert_close(a.cpu(), w)
+    # The abandoned first trace's tensors (over placeholders) are retired, not run by the sync
+    # that the CPU fallback's read makes (that failed: "a graph_input placeholder reached a
+    # lowering", as a warning about "some other pending tensor").
+    assert not [w for w in seen if "other pending tensor failed" in str(w.message)]

@@ -41,7 +41,7 @@ from .ir import (
     structure_key,
 )
 from .lower import Program
-from .tensor import DEVICE_TYPE, new_tensor, read, state, write
+from .tensor import DEVICE_TYPE, new_tensor, next_seq, read, retire_since, state, write
 
 GRAPH_INPUT = "xla::graph_input"
 
@@ -91,6 +91,15 @@ class Trace:
     """One FX graph traced for one input signature."""
 
     def __init__(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
+        first = next_seq()
+        try:
+            self._trace(gm, args)
+        except BaseException as e:
+            # Its tensors read placeholders: a later sync must not run them.
+            retire_since(first, RuntimeError(f"an abandoned trace-once trace: {e!r}"))
+            raise
+
+    def _trace(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> None:
         fake_args: list[Any] = []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:

@@ -212,6 +212,20 @@ def _prune() -> list[LazyState]:
 metrics.flush_hooks.append(_prune)
 
 
+def next_seq() -> int:
+    """A creation number below every later state's (a gap in the numbering changes no order)."""
+    return next(_seq)
+
+
+def retire_since(first: int, error: BaseException) -> None:
+    """Mark every live pending state created since `first` failed with `error`, so that no sync
+    runs it: the intermediates of an abandoned trace-once trace, over placeholders that have no
+    data (a reference cycle through the abandoning exception's traceback can keep them alive)."""
+    for s in live_states():
+        if s.seq >= first and s.failed is None and s.is_pending:
+            s.failed = error
+
+
 def _by_seq(s: LazyState) -> int:
     return s.seq
 
