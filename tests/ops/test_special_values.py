@@ -4,6 +4,8 @@ eight dtypes. Each call must give eager's dtype, values (the sign of a zero incl
 indices, or raise eager's exception type. This sweep found `topk` ranking a negative NaN below
 -inf and the smallest k wrapping unsigned ints, `max(dim)`/`min(dim)`/`aminmax`/`mode` returning
 the other zero, `lerp` (and quantile's interpolation) using one formula where eager uses two,
+`clamp` and `relu6` returning the bound's zero where eager keeps x's (Note [Clamp keeps x at a
+tie]),
 `searchsorted`/`bucketize` placing NaNs otherwise than eager's binary search, and softmax,
 logcumsumexp, median, kthvalue, topk, trace and searchsorted computing something for dtypes
 eager's CPU kernels refuse (Note [Eager probes of pointwise ops]). Known differences are
@@ -101,6 +103,13 @@ OPS = {
     "msort": lambda t: torch.msort(t),
     "argmax_dim0": lambda t: t.argmax(0),
     "diff": lambda t: torch.diff(t, dim=1),
+    "clamp_min": lambda t: t.clamp(min=0),
+    "clamp_max": lambda t: t.clamp(max=0),
+    "clamp_both": lambda t: t.clamp(-0.0, 0.0) if t.is_floating_point() else t.clamp(0, 1),
+    "clamp_tensor": lambda t: t.clamp(min=t[:1].flip(1)),
+    "relu6": lambda t: torch.nn.functional.relu6(t),
+    "foreach_clamp_min": lambda t: torch._foreach_clamp_min([t, t.flip(1)], 0)[1],
+    "foreach_sign": lambda t: torch._foreach_sign([t])[0],
 }
 
 
@@ -168,4 +177,48 @@ def test_special_values_like_eager(op, device_reads):
                 bad.append(
                     f"{op}[{dn}, {dtype}]: eager {ref_err!r} {ref}, lazyxla {got_err!r} {got}"
                 )
+    assert not bad, "\n".join(bad)
+
+
+# Complex functions on the axes and branch cuts, where eager (C99 through std::complex) places
+# signed zeros: each part's value and the sign of each part must be eager's (Note [Complex
+# functions by symmetry]). sqrt(-0.5 - 0j) was +0.707j, log(-1 - 0j) +πj, asinh(-0 + 2j)
+# 1.317 + 1.571j, atan(-0 + 2j)'s real part +π/2; their negatives are eager's.
+COMPLEX_FUNCTIONS = [
+    "sqrt", "rsqrt", "log", "log2", "log10", "log1p", "exp", "expm1", "sin", "cos", "tan",
+    "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+]  # fmt: skip
+_AXES = [-0.0, 0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0]
+
+
+def _complex_known(fn: str, dtype: torch.dtype, z: complex) -> str | None:
+    if fn in ("log1p", "expm1") and z.real == 0 and z.imag == 0:
+        return "the sign of a zero real part at z = ±0±0j (a zero result's)"
+    if fn == "acos" and dtype == torch.complex128 and z.imag == 0 and abs(z.real) <= 1:
+        return "eager's complex128 acos of a real z has +0j, its complex64 (and C99) -0j"
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("fn", COMPLEX_FUNCTIONS)
+def test_complex_functions_on_branch_cuts_like_eager(fn, dtype):
+    pts = list(itertools.product(_AXES, _AXES))
+    real = torch.tensor([p[0] for p in pts], dtype=dtype.to_real())
+    imag = torch.tensor([p[1] for p in pts], dtype=dtype.to_real())
+    z = torch.complex(real, imag)
+    ref = getattr(torch, fn)(z)
+    got = getattr(torch, fn)(z.to(DEV)).cpu()
+    bad = []
+    for i, (a, b) in enumerate(pts):
+        e, g = ref[i], got[i]
+        if _complex_known(fn, dtype, complex(a, b)) is not None:
+            continue
+        for part_e, part_g in ((e.real, g.real), (e.imag, g.imag)):
+            same_sign = bool(part_e.signbit() == part_g.signbit()) or bool(part_e.isnan())
+            close = torch.allclose(
+                part_g.double(), part_e.double(), rtol=1e-5, atol=1e-6, equal_nan=True
+            )
+            if not (same_sign and (close or bool(part_e.isinf() & (part_e == part_g)))):
+                bad.append(f"{fn}({complex(a, b)}): eager {complex(e)}, lazyxla {complex(g)}")
+                break
     assert not bad, "\n".join(bad)

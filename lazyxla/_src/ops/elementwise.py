@@ -163,6 +163,128 @@ _KEEPS_INT = {
 _float_in = floating_result
 
 
+# Note [Complex functions by symmetry]
+# Eager's complex functions are C99's (Annex G, through std::complex and glibc): every one is
+# conjugate-symmetric, f(conj z) = conj f(z), and sin, tan, asin, atan and their hyperbolic
+# twins are odd, cos and cosh even, exactly, signed zeros included. That is what places the
+# branch cuts: sqrt(-0.5 - 0j) is -0.707j, log(-1 - 0j) is -πj, asinh(-0 + 2j) is -1.317+1.571j.
+# XLA's complex functions ignore the zero's sign there (+0.707j, +πj, +1.317+1.571j: wrong values,
+# not just wrong zeros). They are computed here at (|re|, |im|), or (re, |im|), where XLA agrees
+# with C99, and the symmetry gives the rest.
+_CONJ, _ODD, _EVEN = "conj", "odd", "even"
+_SYMMETRY = {
+    aten.sqrt.default: _CONJ,
+    aten.log.default: _CONJ,
+    aten.log2.default: _CONJ,
+    aten.log10.default: _CONJ,
+    aten.log1p.default: _CONJ,
+    aten.expm1.default: _CONJ,
+    aten.acos.default: _CONJ,
+    aten.acosh.default: _CONJ,
+    aten.tan.default: _ODD,
+    aten.asin.default: _ODD,
+    aten.atan.default: _ODD,
+    aten.tanh.default: _ODD,
+    aten.asinh.default: _ODD,
+    aten.atanh.default: _ODD,
+}
+
+
+def _by_symmetry(fn, symmetry):
+    """`fn` for complex inputs by its symmetry (Note [Complex functions by symmetry])."""
+
+    def run(z):
+        if not jnp.issubdtype(z.dtype, jnp.complexfloating):
+            return fn(z)
+        re, im = jnp.real(z), jnp.imag(z)
+        neg_re, neg_im = jnp.signbit(re), jnp.signbit(im)
+        if symmetry == _CONJ:
+            w = fn(lax.complex(re, jnp.abs(im)))
+            return jnp.where(neg_im, jnp.conj(w), w)
+        w = fn(lax.complex(jnp.abs(re), jnp.abs(im)))
+        wr, wi = jnp.real(w), jnp.imag(w)
+        if symmetry == _ODD:  # f(-a + ib) = -conj f(a + ib)
+            wr = jnp.where(neg_re, -wr, wr)
+            wi = jnp.where(neg_im, -wi, wi)
+        else:  # even: f(-a + ib) = f(a - ib) = conj f(a + ib)
+            wi = jnp.where(neg_re ^ neg_im, -wi, wi)
+        return lax.complex(wr, wi)
+
+    return run
+
+
+for _op, _sym in _SYMMETRY.items():
+    _UNARY[_op] = _by_symmetry(_UNARY[_op], _sym)
+
+
+def _complex_atan(z, atan=_UNARY[aten.atan.default], atanh=_UNARY[aten.atanh.default]):
+    """atan(z) = -i atanh(iz), as C99 defines it (XLA's atan(0.5 + 0j) has a -0 imaginary part;
+    its atanh, by symmetry, agrees with C99). iz is formed exactly: (-b, a)."""
+    if not jnp.issubdtype(z.dtype, jnp.complexfloating):
+        return atan(z)
+    w = atanh(lax.complex(-jnp.imag(z), jnp.real(z)))
+    return lax.complex(jnp.imag(w), -jnp.real(w))
+
+
+def _rsqrt(z, sqrt=_UNARY[aten.sqrt.default]):
+    """Eager's complex rsqrt is 1 / sqrt(z) (XLA's left ~1e-8 real parts where that is -0)."""
+    if not jnp.issubdtype(z.dtype, jnp.complexfloating):
+        return lax.rsqrt(z)
+    root = sqrt(z)
+    return _true_divide(jnp.ones_like(root), root)
+
+
+_UNARY[aten.atan.default] = _complex_atan
+_UNARY[aten.rsqrt.default] = _rsqrt
+
+
+def _real_parts(fn):
+    """`fn(a, b)` -> (real, imag) of a complex function from real ones: C99's formulas, whose
+    products give the signed zeros eager's do (XLA's complex exp/sin/cos/sinh/cosh give +0 where
+    the formula's product is -0: sin(0.5 + 0j) - the imaginary part is cos(0.5) * sinh(0) = +0,
+    but cos(0 + 2j)'s is -sin(0) * sinh(2) = -0)."""
+
+    def complex_fn(real_fn):
+        def run(z):
+            if not jnp.issubdtype(z.dtype, jnp.complexfloating):
+                return real_fn(z)
+            re, im = fn(jnp.real(z), jnp.imag(z))
+            return lax.complex(re, im)
+
+        return run
+
+    return complex_fn
+
+
+def _exp_parts(a, b):
+    e = jnp.exp(a)
+    # a real z (b == 0, either sign) keeps its imaginary zero: exp(inf + 0j) is inf + 0j
+    return jnp.where(b == 0, e, e * jnp.cos(b)), jnp.where(b == 0, b, e * jnp.sin(b))
+
+
+_UNARY[aten.exp.default] = _real_parts(_exp_parts)(jnp.exp)
+
+
+def _zmul(x, y):
+    """x * y, a zero x giving its signed zero even by an infinite y (C99's sin(0 + inf j) is
+    0 + inf j; 0 * inf would be NaN)."""
+    return jnp.where(x == 0, x * jnp.copysign(jnp.ones_like(y), y), x * y)
+
+
+_UNARY[aten.sin.default] = _real_parts(
+    lambda a, b: (_zmul(jnp.sin(a), jnp.cosh(b)), jnp.cos(a) * jnp.sinh(b))
+)(jnp.sin)
+_UNARY[aten.cos.default] = _real_parts(
+    lambda a, b: (jnp.cos(a) * jnp.cosh(b), -_zmul(jnp.sin(a), jnp.sinh(b)))
+)(jnp.cos)
+_UNARY[aten.sinh.default] = _real_parts(
+    lambda a, b: (jnp.sinh(a) * jnp.cos(b), _zmul(jnp.sin(b), jnp.cosh(a)))
+)(jnp.sinh)
+_UNARY[aten.cosh.default] = _real_parts(
+    lambda a, b: (jnp.cosh(a) * jnp.cos(b), _zmul(jnp.sin(b), jnp.sinh(a)))
+)(jnp.cosh)
+
+
 for _op, _fn in _UNARY.items():
     register(_op, _fn if _op in _KEEPS_INT else lambda x, _fn=_fn: _fn(_float_in(x)))
 for _op, _fn in _BINARY.items():
@@ -434,26 +556,48 @@ def where(cond, x, y):
     return jnp.where(cond, x, y)
 
 
+# Note [Clamp keeps x at a tie]
+# Eager's clamp is `min(max(x, lo), hi)` with the bound first in the vectorized kernel
+# (`_mm512_max_ps(lo, x)` returns x when they compare equal) and `std::max(x, lo)` in the scalar
+# one, so x is kept when it equals a bound: clamp(-0.0, min=0.0) is -0.0, and 1 / it is -inf.
+# XLA's max(-0.0, 0.0) is +0.0, so the bounds are applied with a comparison that keeps x unless it
+# is strictly outside; a NaN bound gives NaN, as eager's does.
+
+
+def _clamp_below(x, lo):
+    lo = jnp.asarray(lo).astype(x.dtype)
+    out = x < lo
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        out = out | jnp.isnan(lo)
+    return jnp.where(out, lo, x)
+
+
+def _clamp_above(x, hi):
+    hi = jnp.asarray(hi).astype(x.dtype)
+    out = x > hi
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        out = out | jnp.isnan(hi)
+    return jnp.where(out, hi, x)
+
+
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
     x = _in_result_dtype(jnp.asarray(x))  # (a baked 0-d unit arrives as a Python number)
     if min is not None:
-        x = jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
+        x = _clamp_below(x, min)
     if max is not None:
-        x = jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
+        x = _clamp_above(x, max)
     return x
 
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(x, min):
-    x = _in_result_dtype(jnp.asarray(x))
-    return jnp.maximum(x, jnp.asarray(min).astype(x.dtype))
+    return _clamp_below(_in_result_dtype(jnp.asarray(x)), min)
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(x, max):
-    x = _in_result_dtype(jnp.asarray(x))
-    return jnp.minimum(x, jnp.asarray(max).astype(x.dtype))
+    return _clamp_above(_in_result_dtype(jnp.asarray(x)), max)
 
 
 def _in_result_dtype(x):
@@ -539,7 +683,7 @@ def leaky_relu_backward(grad, x, negative_slope, self_is_result):
 
 @lowering(aten.hardtanh.default)
 def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, min_val, max_val)
+    return _clamp_above(_clamp_below(x, min_val), max_val)  # Note [Clamp keeps x at a tie]
 
 
 @lowering(aten.hardtanh_backward.default)

@@ -18,27 +18,29 @@ _BINARY = {
     "maximum": lambda x, y: jnp.maximum(x, y),
     "minimum": lambda x, y: jnp.minimum(x, y),
     "pow": lambda x, y: jnp.power(x, y),
-    "clamp_min": lambda x, y: jnp.maximum(x, y),
-    "clamp_max": lambda x, y: jnp.minimum(x, y),
+    "clamp_min": lambda x, y: ew._clamp_below(x, y),  # Note [Clamp keeps x at a tie]
+    "clamp_max": lambda x, y: ew._clamp_above(x, y),
 }
+# The single-tensor ops' lowerings where they exist, so a foreach op gives what the loop of single
+# ops gives (signed zeros, complex branch cuts: Note [Complex functions by symmetry]).
 _UNARY = {
-    "sqrt": jnp.sqrt,
+    "sqrt": ew._UNARY[aten.sqrt.default],
     "neg": jnp.negative,
-    "exp": jnp.exp,
-    "log": jnp.log,
+    "exp": ew._UNARY[aten.exp.default],
+    "log": ew._UNARY[aten.log.default],
     "abs": jnp.abs,
-    "sign": jnp.sign,
+    "sign": ew._sign,
     "reciprocal": jnp.reciprocal,
     "zero": jnp.zeros_like,
     "sigmoid": lambda x: 1 / (1 + jnp.exp(-x)),
-    "tanh": jnp.tanh,
-    "rsqrt": lambda x: 1 / jnp.sqrt(x),
+    "tanh": ew._UNARY[aten.tanh.default],
+    "rsqrt": ew._UNARY[aten.rsqrt.default],
     "floor": jnp.floor,
     "ceil": jnp.ceil,
     "round": jnp.round,
     "trunc": jnp.trunc,
-    "sin": jnp.sin,
-    "cos": jnp.cos,
+    "sin": ew._UNARY[aten.sin.default],
+    "cos": ew._UNARY[aten.cos.default],
 }
 
 
