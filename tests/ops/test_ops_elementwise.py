@@ -583,3 +583,60 @@ def test_complex_logcumsumexp_keeps_eagers_branch(dtype):
     x[3, 3] = complex(float("inf"), 2)
     for dim in (0, 1):
         assert_same(torch.logcumsumexp(to_lazy(x), dim), torch.logcumsumexp(x, dim))
+
+
+# name: (argument range, ulps allowed): log_ndtr composes erfc (or erfcx and exp) and log1p, each
+# a few ulps (its worst here is 5.4 in float32 at x = 1.37, where eager's is 1.2).
+_WIDE_ARGUMENTS = {
+    "cosh": ((-88.0, 88.0), 4),
+    "sinh": ((-88.0, 88.0), 4),
+    "exp2": ((-120.0, 120.0), 4),
+    "special.log_ndtr": ((-30.0, 12.0), 8),
+}
+
+
+def _fn(name: str):
+    obj = torch
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        (name, dtype)
+        for name in _WIDE_ARGUMENTS
+        for dtype in (torch.float32, torch.float64, torch.complex64)
+        if not dtype.is_complex or name in ("cosh", "sinh")
+    ],
+)
+def test_functions_of_large_arguments_as_accurate_as_eager(name, dtype):
+    """XLA's cosh/sinh round x + log(1/2) and its exp2 x * ln 2, ~|x| ulps off (cosh(50.0) in
+    float32: 23 ulps; exp2(100.0): 36); jax's log_ndtr rounds Φ(x) near 1 (x = 5: 4 % off). Each
+    must be no farther from the float64 (complex128) reference than a few ulps of the dtype or
+    twice eager's own error there, whichever is larger: a bound that holds on any CPU (Note
+    [Hyperbolic functions of large arguments]). In float64 the reference is eager itself; XLA's
+    float64 log1p was 120 ulps off near -0.41 (log_ndtr(0.22) takes it there)."""
+    fn = _fn(name)
+    (lo, hi), ulps = _WIDE_ARGUMENTS[name]
+    real = torch.linspace(lo, hi, 4001, dtype=torch.float64)
+    if dtype.is_complex:
+        x = torch.complex(real, torch.full_like(real, 0.25)).to(dtype)
+    else:
+        x = real.to(dtype)
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    ref = fn(x.to(wide))
+    eager = fn(x).to(wide)
+    got = fn(x.to(DEV)).cpu().to(wide)
+    eps = torch.finfo(dtype.to_real() if dtype.is_complex else dtype).eps
+    split = (lambda t: (t.real, t.imag)) if dtype.is_complex else (lambda t: (t,))
+    for r, e, g in zip(split(ref), split(eager), split(got)):
+        keep = (r.abs() > 1e-30) & r.isfinite()  # (relative error away from zeros)
+        rel_got = ((g - r).abs() / r.abs())[keep]
+        rel_eager = ((e - r).abs() / r.abs())[keep]
+        worst = (rel_got - torch.clamp(2 * rel_eager, min=ulps * eps)).argmax()
+        assert rel_got[worst] <= max(ulps * eps, 2 * rel_eager[worst].item()), (
+            f"{name} {dtype}: {rel_got[worst] / eps:.1f} ulps where eager is "
+            f"{rel_eager[worst] / eps:.1f}"
+        )
