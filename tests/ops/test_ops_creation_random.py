@@ -196,6 +196,16 @@ def test_distribution_samplers_match_their_laws():
     assert abs((z - mean).std().item() - 0.5) < 0.02 and abs((z - mean).mean().item()) < 0.02
     z = _no_fallback(lambda: torch.normal(2.0, std.to(DEV)))
     assert abs(z.mean().item() - 2.0) < 0.02
+    # x.bernoulli_(p) with a tensor p (it ran on the CPU), into an integer tensor too
+    p = torch.linspace(0, 1, n)
+    for dtype in (torch.float32, torch.int64):
+        t = torch.empty(n, dtype=dtype, device=DEV)
+        b = _no_fallback(lambda: t.bernoulli_(p.to(DEV))).cpu()
+        assert b.dtype == dtype and set(b.unique().tolist()) <= {0, 1}
+        assert b[0] == 0 and b[-1] == 1  # p = 0 and p = 1
+        assert abs(b.double().mean().item() - 0.5) < 0.02  # the mean of p
+        low, high = b[: n // 2].double().mean().item(), b[n // 2 :].double().mean().item()
+        assert abs(low - 0.25) < 0.02 and abs(high - 0.75) < 0.02
 
 
 def test_multinomial_frequencies_and_without_replacement():

@@ -53,6 +53,15 @@ def bernoulli(x, *, key):
     return jax.random.bernoulli(_key(key), x, x.shape).astype(x.dtype)
 
 
+@lowering(aten.bernoulli_.Tensor, random=True)
+def bernoulli_tensor_(x, p, *, key):
+    """`x.bernoulli_(p)`: p broadcast to x's shape; 0/1 draws in x's dtype (an integer x too)."""
+    p = jnp.broadcast_to(
+        jnp.asarray(p, jnp.float32 if x.dtype != jnp.float64 else x.dtype), x.shape
+    )
+    return jax.random.bernoulli(_key(key), p, x.shape).astype(x.dtype)
+
+
 @lowering(aten.exponential_.default, random=True)
 def exponential_(x, lambd=1.0, *, key):
     return (jax.random.exponential(_key(key), x.shape, _float(x.dtype)) / lambd).astype(x.dtype)
