@@ -178,6 +178,8 @@ class Trace:
         body = self.program.function()
         self.rule = lambda *arrays: tuple(body(list(arrays[:-1]), []))
         self.n_roots = len(roots)
+        # A replay node's static arguments: one reference per leaf, then the graph's id.
+        self.node_args = (*(Ref(i) for i in range(len(self.leaves))), self.id)
 
     def replay(self, args: Sequence[Any], sync: bool) -> Any:
         if sync and not self.collectives:  # (their ordering token is an input: one graph)
@@ -210,12 +212,7 @@ class Trace:
                 seed, off = offset_pairs[i]
                 inputs.append((scalar(seed if leaf.kind == "rng_seed" else off, torch.int64), 0))
         node = Node(
-            "xla::dynamo_graph",
-            self.rule,
-            tuple(inputs),
-            (*(Ref(i) for i in range(len(inputs))), self.id),
-            (),
-            self.out_specs,
+            "xla::dynamo_graph", self.rule, tuple(inputs), self.node_args, (), self.out_specs
         )
         t1 = time.perf_counter_ns()
         outs = [new_tensor((node, i), spec) for i, spec in enumerate(self.out_specs)]
