@@ -596,10 +596,13 @@ _WIDE_ARGUMENTS = {
     "erfinv": ((-0.9999, 0.9999), 6),
     "atanh": ((-0.9999, 0.9999), 6),
     "log1p": ((-0.999, 3.0), 4),
+    "xlog1py": ((-0.999, 3.0), 4),
 }
 
 
 def _fn(name: str):
+    if name == "xlog1py":
+        return lambda t: torch.special.xlog1py(torch.full_like(t, 3.0), t)
     obj = torch
     for part in name.split("."):
         obj = getattr(obj, part)

@@ -178,8 +178,17 @@ def special_erfcx(x):
 
 @lowering(aten.special_xlog1py.default, opmath=False)  # rounds its log1p (elementwise.xlog)
 def special_xlog1py(x, y):
-    exact = lambda a, b: jss.xlog1py(float_operand(a), float_operand(b))  # noqa: E731
-    return elementwise.xlog(x, y, jnp.log1p, exact)
+    return elementwise.xlog(x, y, jnp.log1p, _xlog1py)
+
+
+def _xlog1py(x, y):
+    """Eager's order: NaN for a NaN y, 0 where x == 0, else x * log1p(y); float64's log1p is
+    `elementwise._log1p` (XLA's is 120 ulps off near y = -0.41)."""
+    x, y = jnp.broadcast_arrays(float_operand(x), float_operand(y))
+    if jnp.result_type(x, y) != jnp.float64:
+        return jss.xlog1py(x, y)
+    out = jnp.where(x == 0, 0.0, x * elementwise._log1p(y.astype(jnp.float64)))
+    return jnp.where(jnp.isnan(y), jnp.nan, out)
 
 
 @lowering(aten.special_entr.default)
