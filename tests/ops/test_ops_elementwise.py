@@ -662,3 +662,20 @@ def test_ulp_scan_tool_measures_against_mpmath():
         _, eager, got, _ = rows[name]
         assert math.isfinite(got) and got <= max(4.0, 2 * eager), rows[name]
     assert rows["special.erfcx"][1] > 8  # eager's own float64 erfcx error is visible
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", [*_WIDE_ARGUMENTS, "erf", "special.erfcx", "expm1"])
+def test_reformulated_functions_keep_eager_special_values(name, dtype):
+    """The forms above at infinities, NaN, signed zeros and far arguments: eager's values and
+    signs (erfc(inf) was NaN through the tail's exact square before it was cut at underflow)."""
+    fn = _fn(name)
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([inf, -inf, nan, 0.0, -0.0, 1e30, -1e30, 30.0, -30.0, 0.5, -0.5], dtype=dtype)
+    ref, got = fn(x), fn(x.to(DEV)).cpu()
+    same = torch.isclose(got, ref, rtol=1e-5, equal_nan=True) & (
+        (got.signbit() == ref.signbit()) | ref.isnan()
+    )
+    assert same.all(), [
+        (a, b, c) for a, b, c, s in zip(x.tolist(), ref.tolist(), got.tolist(), same)
+    ]
