@@ -380,9 +380,10 @@ def _sinh(x):
 
 
 def _zmul(x, y):
-    """x * y, a zero x giving its signed zero even by an infinite y (C99's sin(0 + inf j) is
-    0 + inf j; 0 * inf would be NaN)."""
-    return jnp.where(x == 0, x * jnp.copysign(jnp.ones_like(y), y), x * y)
+    """x * y, a zero factor giving a signed zero even by an infinite or NaN one (C99's
+    sin(0 + inf j) is 0 + inf j, cos(nan + 0j) nan + 0j; 0 * inf would be NaN)."""
+    zero = jnp.copysign(jnp.zeros_like(x), x) * jnp.copysign(jnp.ones_like(y), y)
+    return jnp.where((x == 0) | (y == 0), zero, x * y)
 
 
 _UNARY[aten.sin.default] = _real_parts(
