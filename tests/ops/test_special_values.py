@@ -222,3 +222,28 @@ def test_complex_functions_on_branch_cuts_like_eager(fn, dtype):
                 bad.append(f"{fn}({complex(a, b)}): eager {complex(e)}, lazyxla {complex(g)}")
                 break
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("fn", ["atanh", "atan"])
+def test_complex_functions_of_nan_parts_like_eager(fn, dtype):
+    """A NaN part gives C99's (eager's) result: NaN parts where it has them, its zeros and ±π/2
+    where it has those. XLA's atanh(0.5 + nan j) was nan + 1.571j: a finite part out of a NaN."""
+    inf, nan = float("inf"), float("nan")
+    parts = [-0.0, 0.0, 0.5, -2.0, inf, -inf]
+    pts = [(nan, v) for v in parts] + [(v, nan) for v in parts] + [(nan, nan)]
+    rdt = dtype.to_real()
+    z = torch.complex(
+        torch.tensor([p[0] for p in pts], dtype=rdt), torch.tensor([p[1] for p in pts], dtype=rdt)
+    )
+    ref = getattr(torch, fn)(z)
+    got = getattr(torch, fn)(z.to(DEV)).cpu()
+    bad = []
+    for i, p in enumerate(pts):
+        for e, g in ((ref[i].real, got[i].real), (ref[i].imag, got[i].imag)):
+            if bool(e.isnan()) != bool(g.isnan()) or not (
+                e.isnan() or (torch.isclose(e, g) and (e != 0 or e.signbit() == g.signbit()))
+            ):
+                bad.append(f"{fn}({p}): eager {complex(ref[i])}, lazyxla {complex(got[i])}")
+                break
+    assert not bad, "\n".join(bad)

@@ -313,6 +313,30 @@ for _op, _sym in _SYMMETRY.items():
     _UNARY[_op] = _by_symmetry(_UNARY[_op], _sym)
 
 
+def _complex_atanh_nan(atanh):
+    """atanh with C99's NaN cases (catanh): XLA's gave a finite ±π/2 imaginary part for a NaN
+    input (atanh(0.5 + nan j) was nan + 1.571j). A NaN imaginary part: ±0 + nan j for a real part
+    ±0 or ±inf, else NaN; a NaN real part: ±0 ± π/2 j for an infinite imaginary part (the zero
+    takes the NaN's sign bit, as eager's), else NaN."""
+
+    def run(z):
+        w = atanh(z)
+        if not jnp.issubdtype(z.dtype, jnp.complexfloating):
+            return w
+        a, b = jnp.real(z), jnp.imag(z)
+        nan = jnp.full_like(a, jnp.nan)
+        zero_re = jnp.copysign(jnp.zeros_like(a), a)
+        re = jnp.where(jnp.isnan(b) & ((a == 0) | jnp.isinf(a)), zero_re, nan)
+        re = jnp.where(jnp.isnan(a) & jnp.isinf(b), zero_re, re)  # (the NaN's sign, as eager)
+        im = jnp.where(jnp.isnan(a) & jnp.isinf(b), jnp.copysign(jnp.pi / 2, b), nan)
+        return jnp.where(jnp.isnan(a) | jnp.isnan(b), lax.complex(re, im), w)
+
+    return run
+
+
+_UNARY[aten.atanh.default] = _complex_atanh_nan(_UNARY[aten.atanh.default])
+
+
 def _complex_atan(z, atan=_UNARY[aten.atan.default], atanh=_UNARY[aten.atanh.default]):
     """atan(z) = -i atanh(iz), as C99 defines it (XLA's atan(0.5 + 0j) has a -0 imaginary part;
     its atanh, by symmetry, agrees with C99). iz is formed exactly: (-b, a)."""
