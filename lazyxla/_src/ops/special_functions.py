@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import elementwise
+from . import elementwise, libm
 from .registry import float_operand, lowering
 
 aten = torch.ops.aten
@@ -105,7 +105,7 @@ def special_log_ndtr(x):
     t = x * np.sqrt(0.5).astype(x.dtype)
     low = jnp.where(x < -1, t, -1.0)  # (each branch on arguments it is accurate for)
     below = jnp.log(special_erfcx(-low) / 2) - low * low
-    above = elementwise._log1p(-_erfc(jnp.where(x < -1, 0.0, t)) / 2)
+    above = libm.log1p(-_erfc(jnp.where(x < -1, 0.0, t)) / 2)
     return jnp.where(x < -1, below, above)
 
 
@@ -186,11 +186,11 @@ def special_xlog1py(x, y):
 
 def _xlog1py(x, y):
     """Eager's order: NaN for a NaN y, 0 where x == 0, else x * log1p(y); float64's log1p is
-    `elementwise._log1p` (XLA's is 120 ulps off near y = -0.41)."""
+    `libm.log1p` (XLA's is 120 ulps off near y = -0.41)."""
     x, y = jnp.broadcast_arrays(float_operand(x), float_operand(y))
     if jnp.result_type(x, y) != jnp.float64:
         return jss.xlog1py(x, y)
-    out = jnp.where(x == 0, 0.0, x * elementwise._log1p(y.astype(jnp.float64)))
+    out = jnp.where(x == 0, 0.0, x * libm.log1p(y.astype(jnp.float64)))
     return jnp.where(jnp.isnan(y), jnp.nan, out)
 
 
