@@ -141,13 +141,19 @@ def _erfc(x):
     tail = x >= 2.0
     gone = x > (27.5 if f64 else 10.5)  # erfc(x) is below the smallest subnormal: +0
     xt = jnp.where(tail & ~gone, x, 2.0)
-    c = (134217729.0 if f64 else 4097.0) * xt
-    hi = c - (c - xt)
-    lo = xt - hi
-    p = xt * xt
-    e = ((hi * hi - p) + 2 * hi * lo) + lo * lo  # x² = p + e exactly
+    p, e = _exact_square(xt)
     out = jnp.where(tail, special_erfcx(xt) * (jnp.exp(-p) * (1 - e)), jss.erfc(x))
     return jnp.where(gone, 0.0, out)
+
+
+def _exact_square(x):
+    """x² as p + e exactly: p = x * x rounded, e its error, by Veltkamp's split of x into halves
+    of the mantissa (2^27 + 1 for float64, 2^12 + 1 for float32)."""
+    c = (134217729.0 if x.dtype == jnp.float64 else 4097.0) * x
+    hi = c - (c - x)
+    lo = x - hi
+    p = x * x
+    return p, ((hi * hi - p) + 2 * hi * lo) + lo * lo
 
 
 @lowering(aten.special_erfcx.default)
@@ -160,11 +166,7 @@ def special_erfcx(x):
     float64 (a truncated asymptotic series was 1.6e-6 off at x = 5.25 in float64)."""
     x = float_operand(x)
     f64 = x.dtype == jnp.float64
-    c = (134217729.0 if f64 else 4097.0) * x  # 2^27 + 1, 2^12 + 1: halves of the mantissa
-    hi = c - (c - x)
-    lo = x - hi
-    p = x * x
-    e = ((hi * hi - p) + 2 * hi * lo) + lo * lo  # x^2 = p + e exactly
+    p, e = _exact_square(x)
     e = jnp.where(jnp.isfinite(e), e, 0.0)  # (-inf: exp(p) is inf already)
     big = x >= (4.0 if f64 else 2.0)
     xs = jnp.where(big, 0.0, x)
