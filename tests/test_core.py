@@ -335,6 +335,33 @@ def test_buffer_donation_keeps_every_live_tensor_valid():
         config.FLAGS.set("donate_buffers", False)
 
 
+def test_buffer_donation_holds_what_stale_views_read():
+    """A stale view (its base written since it was last read) keeps the data its cached value
+    reads; it no longer turns donation off for every other buffer (a view left alive by one
+    part of a program turned it off for the whole program)."""
+    config.FLAGS.set("donate_buffers", True)
+    try:
+        other_cpu = torch.randn(8)
+        other = other_cpu.to(dev)
+        unrelated = other[:4]
+        other.add_(1)  # `unrelated` is now stale, and stays so: it is not read until the end
+        w_cpu = torch.randn(16, 16)
+        w = w_cpu.to(dev)
+        lazyxla.sync()
+        met.clear_all()
+        w.mul_(0.5)
+        lazyxla.sync()
+        assert met.metric_data("InputOutputAliasCount").accumulator >= 1
+        row = w[0]
+        w.add_(1)  # `row` is stale: its cached value reads w's buffer before this write
+        lazyxla.sync()
+        torch.testing.assert_close(row.cpu(), w_cpu[0] * 0.5 + 1)
+        torch.testing.assert_close(w.cpu(), w_cpu * 0.5 + 1)
+        torch.testing.assert_close(unrelated.cpu(), other_cpu[:4] + 1)
+    finally:
+        config.FLAGS.set("donate_buffers", False)
+
+
 def test_buffer_donation_never_donates_an_array_two_inputs_share():
     # Found by the view fuzzer with donation on: one-element uploads share a cached array
     # (Note [Device data cache]), so two inputs of one graph were one buffer, and donating it

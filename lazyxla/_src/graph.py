@@ -137,8 +137,8 @@ def set_allow_execution(allow: bool) -> None:
 # With LAZYXLA_DONATE_BUFFERS=1, a full sync donates the buffers of inputs nothing will read
 # again: a device-data node that no live tensor holds as its value (its tensor was overwritten, as
 # a parameter is by optimizer.step()) is reachable only through the graph being run, so XLA may
-# write an output into its buffer. A stale view (its cached value may still read old data) turns
-# donation off for that sync; data a trace-once graph keeps as a constant is never donated
+# write an output into its buffer. The data a stale view's cached value reads counts as held (the
+# view may still read it); data a trace-once graph keeps as a constant is never donated
 # (`node.meta == KEEP`). Only inputs whose spec matches an output are donated, so XLA can alias
 # every one, and never an array two inputs share. The donation mask is part of the graph key.
 # Partial syncs (`.item()`) never donate. A donated buffer is gone once the execution starts, also
@@ -155,18 +155,23 @@ def _alias_with_buffer_donor() -> bool:
     return get_alias_with_buffer_donor()
 
 
-def _held_data() -> set[int] | None:
-    """Ids of the device-data nodes some live tensor holds (None: donate nothing this sync)."""
+def _held_data() -> set[int]:
+    """Ids of the device-data nodes some live tensor holds, and of their arrays."""
     held: set[int] = set()
+    stale: list[Node] = []
     for s in live_states():
         if type(s) is HostState:  # no device data yet (Note [SPMD virtual device])
             continue
         node = s.value[0]
         if s.base is not None and s.seen != s.base.version:
-            return None
-        if node.op == DEVICE_DATA:
+            stale.append(node)  # its cached value may still read old data: all of it is held
+        elif node.op == DEVICE_DATA:
             held.add(id(node))
             held.add(id(node.data))  # an array several nodes share (Note [Device data cache])
+    for node in post_order(stale) if stale else ():
+        if node.op == DEVICE_DATA:
+            held.add(id(node))
+            held.add(id(node.data))
     return held
 
 
@@ -268,8 +273,6 @@ class Capture:
         """One flag per data input: may XLA reuse its buffer? See Note [Buffer donation]."""
         held = _held_data()
         data_nodes = [n for n in nodes if n.op == DEVICE_DATA]
-        if held is None:
-            return (False,) * len(data_nodes)
         free = collections.Counter(n.specs[k] for n, k in root_values)
         # An array several of this graph's inputs share (two nodes over one buffer: a gradient
         # seeded with the tensor itself) is read through the others: never donated.
