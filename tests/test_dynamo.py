@@ -131,6 +131,103 @@ def test_mutated_buffers_and_inputs_written_back():
     torch.testing.assert_close(out.cpu(), a * 2)
 
 
+def test_a_compiled_optimizer_steps_as_the_same_graph_run_eagerly():
+    """AdamW keeps its step counts on the CPU: the graph's host part runs on every replay (they
+    were baked into the first trace: every later step ran as step 1). Its input mutations stay in
+    the graph (keep_inference_input_mutations): the replay writes each parameter and state
+    tensor, with no `copy_` dispatched per tensor. The oracle is the same compiled step run by
+    eager PyTorch (aot_eager): compiled, AdamW computes its bias corrections in float32."""
+    torch.manual_seed(0)
+    ref = _mlp()
+    model = copy.deepcopy(ref).to(dev)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    step_ref = torch.compile(opt_ref.step, backend="aot_eager")
+    step = torch.compile(opt.step, backend="lazyxla")
+    g = torch.Generator().manual_seed(0)
+    for i in range(4):
+        x = torch.randn(8, 16, generator=g)
+        if i == 2:
+            met.clear_all()
+        for m, o, run, xd in ((ref, opt_ref, step_ref, x), (model, opt, step, x.to(dev))):
+            o.zero_grad()
+            _loss(m, xd).backward()
+            run()
+    assert met.counter_value("xla::copy_") is None
+    assert met.counter_value("UncachedCompile") is None
+    for (n, p_ref), p in zip(ref.named_parameters(), model.parameters()):
+        torch.testing.assert_close(p.cpu(), p_ref, rtol=1e-5, atol=1e-6, msg=n)
+        s_ref, s = opt_ref.state[p_ref], opt.state[p]
+        assert s["step"].device == s_ref["step"].device and s["step"].item() == 4
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(s[k].cpu(), s_ref[k], rtol=1e-5, atol=1e-7, msg=f"{n} {k}")
+
+
+def test_host_tensor_inputs_are_read_on_every_call():
+    """A CPU tensor argument (a 0-dim one may meet device tensors) is an input of the replay, not
+    a constant of the trace: new values, one compile. Host ops on it run on every call, as
+    eager's do, and a CPU result stays on the CPU."""
+
+    def f(x, c):
+        c.add_(1)
+        return x * c, c * 2
+
+    compiled = torch.compile(f, backend="lazyxla")
+    x = torch.arange(3.0)
+    c_ref, c = torch.tensor(0.5), torch.tensor(0.5)
+    for i in range(4):
+        if i == 1:
+            met.clear_all()
+        out_ref, host_ref = f(x, c_ref)
+        out, host = compiled(x.to(dev), c)
+        assert host.device.type == "cpu" and out.device == dev
+        torch.testing.assert_close(out.cpu(), out_ref)
+        torch.testing.assert_close(host, host_ref)
+        torch.testing.assert_close(c, c_ref)
+    assert met.counter_value("UncachedCompile") is None
+
+    scale = torch.compile(lambda x, c: x * c, backend="lazyxla")
+    assert [scale(x.to(dev), torch.tensor(v)).cpu()[1].item() for v in (2.0, 3.0)] == [2.0, 3.0]
+
+    def write_back(x, c):  # a device value written into a CPU argument
+        c.copy_(x.sum())
+        return x + c
+
+    wb = torch.compile(write_back, backend="lazyxla")
+    for v in (1.0, 2.0):
+        c = torch.tensor(0.0)
+        out = wb(x.to(dev) * v, c)
+        assert c.item() == 3.0 * v
+        torch.testing.assert_close(out.cpu(), x * v + 3.0 * v)
+
+
+@pytest.mark.parametrize(
+    "make_args",
+    [
+        lambda b: (b[1],),  # a view of a base the graph does not see
+        lambda b: (b, b[1:]),  # a base and its view
+        lambda b: (b[0:2], b[1:3]),  # overlapping views
+        lambda b: (b.t(),),  # a transposed view
+    ],
+    ids=["view", "base-and-view", "overlapping", "transposed"],
+)
+def test_input_mutations_of_aliased_inputs_match_eager(make_args):
+    def f(*xs):
+        for i, x in enumerate(xs):
+            x.mul_(i + 2).add_(1)
+        return sum(x.sum() for x in xs)
+
+    results = []
+    for fn, d in ((f, "cpu"), (torch.compile(f, backend="lazyxla"), dev)):
+        base = torch.arange(12.0).reshape(3, 4).to(d)
+        with torch.no_grad():
+            outs = [fn(*make_args(base)).cpu() for _ in range(3)]
+        results.append((base.cpu(), outs))
+    (b_ref, o_ref), (b, o) = results
+    torch.testing.assert_close(b, b_ref)
+    torch.testing.assert_close(o, o_ref)
+
+
 def test_dropout_gives_fresh_masks_without_recompiling():
     f = torch.compile(lambda x: nn.functional.dropout(x, 0.5, training=True), backend="lazyxla")
     x = torch.ones(2000).to(dev)
@@ -307,3 +404,21 @@ def test_cpu_fallback_inside_a_composite_backward_is_partitioned_out():
     # that the CPU fallback's read makes (that failed: "a graph_input placeholder reached a
     # lowering", as a warning about "some other pending tensor").
     assert not [w for w in seen if "other pending tensor failed" in str(w.message)]
+
+
+def test_host_writes_in_an_unfunctionalized_graph_are_read_in_order():
+    """torch_xla's `extract_compiled_graph` takes dynamo's graph as it is: a CPU argument written
+    in the middle of it is read before and after the write, as eager reads it."""
+    from lazyxla._src.dynamo import extract_compiled_graph
+
+    def f(x, c):
+        y = x * c
+        c.add_(1)
+        return y + x * c
+
+    compiled = torch.compile(f, backend=lambda gm, ex: extract_compiled_graph(gm, ex))
+    x = torch.arange(3.0)
+    c_ref, c = torch.tensor(1.0), torch.tensor(1.0)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x.to(dev), c).cpu(), f(x, c_ref))
+        assert c.item() == c_ref.item()
