@@ -112,6 +112,25 @@ def _on_device(v: Any) -> bool:
 _VALUE_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 
 
+def _seeded(n: torch.fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in n.target.tags
+    )
+
+
+def _is_dynamic(n: torch.fx.Node, value: Any, dynamic: set[torch.fx.Node]) -> bool:
+    """Can host node `n`'s value change from call to call? A CPU tensor argument's can, a random
+    op's, and what computes from such values; a number computed from them is a size (static),
+    unless it reads their values."""
+    holds_tensor = any(True for _ in _tensors(value))
+    if n.op == "placeholder":
+        return holds_tensor
+    if _seeded(n):
+        return True
+    reads = holds_tensor or n.target in _VALUE_READS
+    return reads and any(m in dynamic for m in n.all_input_nodes)
+
+
 def _device_plan(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """Host nodes to trace onto the device instead: those whose values change from call to call
     and reach only device ops. An AdamW step's bias corrections from its CPU step counts are ~10
@@ -132,16 +151,11 @@ def _device_plan(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
         if _on_device(v) or not all(m in host for m in n.all_input_nodes):
             continue
         host.add(n)
-        if n.op == "placeholder":
-            if any(True for _ in _tensors(v)):
-                dynamic.add(n)
-            continue
-        if any(m in dynamic for m in n.all_input_nodes):
+        if _is_dynamic(n, v, dynamic):
             dynamic.add(n)
-        seeded = isinstance(n.target, torch._ops.OpOverload) and (
-            torch.Tag.nondeterministic_seeded in n.target.tags
-        )
-        if seeded or _mutates(n) or n.target in _VALUE_READS or n.op != "call_function":
+        if n.op == "placeholder":
+            continue
+        if _seeded(n) or _mutates(n) or n.target in _VALUE_READS or n.op != "call_function":
             keep.append(n)
     out = next(n for n in gm.graph.nodes if n.op == "output")
     keep += [m for m in out.all_input_nodes if m in host]
@@ -196,15 +210,7 @@ class _Tracer(torch.fx.Interpreter):
             out = super().run_node(n)
             if not _on_device(out):
                 self.host.add(n)
-                seeded = isinstance(n.target, torch._ops.OpOverload) and (
-                    torch.Tag.nondeterministic_seeded in n.target.tags
-                )
-                holds_tensor = any(True for _ in _tensors(out))
-                # (a number from host tensors is a size, static, unless it reads their values)
-                reads = holds_tensor or n.target in _VALUE_READS
-                if n.op == "placeholder" and holds_tensor or seeded:
-                    self.dynamic.add(n)
-                elif reads and any(m in self.dynamic for m in ins):
+                if _is_dynamic(n, out, self.dynamic):
                     self.dynamic.add(n)
                 if n.op not in ("placeholder", "get_attr"):
                     self.steps.append(n)
@@ -297,9 +303,12 @@ class _HostProgram:
         for k, inp in enumerate(tracer.inputs):
             reads_after.setdefault(inp.after, []).append(k)
         steps = [n if n in needed else None for n in tracer.steps]
+        last_write = max(
+            (p for p, n in enumerate(steps) if n is not None and _mutates(n)), default=-1
+        )
         reads: list[Any] = [None] * len(tracer.inputs)
         for p, n in enumerate([*steps, None]):
-            writes_later = any(_mutates(m) for m in steps[p:] if m is not None)
+            writes_later = p <= last_write
             for k in reads_after.get(p, ()):
                 inp = tracer.inputs[k]
                 v = env[inp.node]
