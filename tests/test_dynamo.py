@@ -422,3 +422,31 @@ def test_host_writes_in_an_unfunctionalized_graph_are_read_in_order():
     for _ in range(3):
         torch.testing.assert_close(compiled(x.to(dev), c).cpu(), f(x, c_ref))
         assert c.item() == c_ref.item()
+
+
+def test_a_graph_writing_its_inputs_runs_once_per_call():
+    """The inputs a replay writes (a static KV cache, BatchNorm's running stats) are synced with its
+    outputs: left pending, each ran again, in a graph of its own, before the next call."""
+    from lazyxla._src.tensor import state
+
+    def f(x, cache):
+        cache.add_(x)
+        return x * 2
+
+    compiled = torch.compile(f, backend="lazyxla")
+    x, cache = torch.ones(3).to(dev), torch.zeros(3).to(dev)
+    with torch.no_grad():
+        compiled(x, cache)
+        met.clear_all()
+        for _ in range(3):
+            out = compiled(x, cache)
+    assert met.metric_data("ExecuteTime")[0] == 3
+    torch.testing.assert_close(cache.cpu(), torch.full((3,), 4.0))
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+
+    row = torch.compile(lambda r: r.mul_(2).sum(), backend="lazyxla")
+    base = torch.ones(2, 3).to(dev)
+    with torch.no_grad():
+        row(base[1])
+    assert not state(base).is_pending  # a written view: its base is synced
+    torch.testing.assert_close(base.cpu(), torch.tensor([[1.0] * 3, [2.0] * 3]))

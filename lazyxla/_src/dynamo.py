@@ -513,8 +513,14 @@ class Trace:
             target = args[arg_index]
             write(state(target), (node, root))
         if sync and outs:
+            # The written inputs too: left pending, each would run again, alone, before the next
+            # call (a static KV cache: one more execution per token).
+            states = [state(o) for o in outs]
+            for arg_index, _ in self.mutations:
+                st = state(args[arg_index])
+                states.append(st.base or st)  # (a view's write is its base's new value)
             with alias_with_buffer_donor_config(True):  # as torch_xla's bridge compiles
-                graph.sync_states([state(o) for o in outs], cause=analysis.DYNAMO_EXECUTE)
+                graph.sync_states(states, cause=analysis.DYNAMO_EXECUTE)
         for i, root in self.host_writes:
             args[i].copy_(outs[root].cpu())
         result = []
