@@ -188,6 +188,13 @@ def test_host_tensor_inputs_are_read_on_every_call():
 
     scale = torch.compile(lambda x, c: x * c, backend="lazyxla")
     assert [scale(x.to(dev), torch.tensor(v)).cpu()[1].item() for v in (2.0, 3.0)] == [2.0, 3.0]
+    # A Python float: after its first change dynamo passes it as a 0-d CPU tensor (an
+    # unspecialized float); 4.0 and every later value gave the result for 3.0.
+    scale = torch.compile(lambda x, s: x * s, backend="lazyxla")
+    values = (2.0, 3.0, 4.0, -0.0, 0.0, 5.5)
+    got = [scale(x.to(dev), v).cpu()[1] for v in values]
+    for g, v in zip(got, values):
+        assert g.item() == v and g.signbit() == (v == 0 and str(v).startswith("-"))
 
     def write_back(x, c):  # a device value written into a CPU argument
         c.copy_(x.sum())
