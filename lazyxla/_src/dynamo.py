@@ -19,28 +19,12 @@ with no sync never grow a graph); `options={"sync": False}` leaves them pending,
 whatever follows until the next sync. AOTAutograd keeps an inference graph's input mutations in the
 graph (`keep_inference_input_mutations`): the replay writes them (step 1), with no `copy_` per
 mutated input after it (a compiled optimizer step writes every parameter and state tensor).
-
-# Note [Host values in a trace]
-A graph may take CPU tensors: a 0-dim one meets device tensors as a number would, and optimizers
-keep their step counts on the CPU (AdamW's bias corrections read them). Their values change from
-call to call, so they cannot be constants of the trace (they were: every later AdamW step ran as
-step 1, and `f(x, torch.tensor(3.))` returned the result for the first call's value). The tracer
-runs each node whose inputs are all host values on the CPU, as eager does; its value is *dynamic*
-when it derives from a CPU tensor argument (or is random). Where a device op reads a dynamic host
-value, it reads a placeholder instead, a graph input fed on every replay (a 0-dim value as a
-lifted scalar, a larger one as an upload), taken at the point of the host program where the op
-read it. The host nodes a replay needs (dynamic ones, what they read, host outputs) run first, as
-Python code FX generates, on the caller's tensors: their in-place writes (AdamW's `step += 1`)
-land as in eager. A device value written into a CPU argument is copied back after the run (it
-waits for the device, as eager's copy does). Dynamic host nodes that only feed device ops are
-traced onto the device instead (`_device_plan`): their arithmetic fuses into the graph. A number
-read from a dynamic host value (`.item()`) that a device op uses is refused: it would be baked.
+CPU tensor arguments are read on every call: see Note [Host values in a trace] in trace_host.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -61,8 +45,7 @@ from .ir import (
 )
 from .lower import Program
 from .tensor import DEVICE_TYPE, new_tensor, next_seq, read, retire_since, state, write
-
-GRAPH_INPUT = "xla::graph_input"
+from .trace_host import GRAPH_INPUT, HostProgram, Tracer, input_rule, tensors_in
 
 
 def _skip_lazyxla_frames() -> None:
@@ -82,10 +65,6 @@ def _skip_lazyxla_frames() -> None:
 _skip_lazyxla_frames()
 
 
-def _input_rule(*_: Any) -> Any:
-    raise RuntimeError("internal: a graph_input placeholder reached a lowering")
-
-
 class _Leaf:
     """How a traced graph's leaf is fed on replay."""
 
@@ -95,257 +74,6 @@ class _Leaf:
         self.kind = kind  # "arg" | "host" | "const" | "rng_seed" | "rng_offset"
         self.arg = arg
         self.node = node
-
-
-def _tensors(v: Any) -> Iterator[torch.Tensor]:
-    if isinstance(v, torch.Tensor):
-        yield v
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _tensors(x)
-
-
-def _on_device(v: Any) -> bool:
-    return any(t.device.type == DEVICE_TYPE for t in _tensors(v))
-
-
-_VALUE_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
-
-
-def _seeded(n: torch.fx.Node) -> bool:
-    return isinstance(n.target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in n.target.tags
-    )
-
-
-def _is_dynamic(n: torch.fx.Node, value: Any, dynamic: set[torch.fx.Node]) -> bool:
-    """Can host node `n`'s value change from call to call? A CPU tensor argument's can, a random
-    op's, and what computes from such values; a number computed from them is a size (static),
-    unless it reads their values."""
-    holds_tensor = any(True for _ in _tensors(value))
-    if n.op == "placeholder":
-        return holds_tensor
-    if _seeded(n):
-        return True
-    reads = holds_tensor or n.target in _VALUE_READS
-    return reads and any(m in dynamic for m in n.all_input_nodes)
-
-
-def _device_plan(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """Host nodes to trace onto the device instead: those whose values change from call to call
-    and reach only device ops. An AdamW step's bias corrections from its CPU step counts are ~10
-    foreach ops over every parameter's count: on the host they would run on every call, in the
-    graph they are a few fused scalar ops. Only the counts' update stays on the host (it is
-    written back). Decided from the graph's fake values (`meta["val"]`); without them, none."""
-    nodes = [n for n in gm.graph.nodes if n.op != "output"]
-    if not all("val" in n.meta for n in nodes if n.op in ("placeholder", "call_function")):
-        return set()
-    host: set[torch.fx.Node] = set()
-    dynamic: set[torch.fx.Node] = set()
-    keep: list[torch.fx.Node] = []  # host nodes the host part needs
-    for n in nodes:
-        if n.op == "get_attr":
-            host.add(n)
-            continue
-        v = n.meta.get("val")
-        if _on_device(v) or not all(m in host for m in n.all_input_nodes):
-            continue
-        host.add(n)
-        if _is_dynamic(n, v, dynamic):
-            dynamic.add(n)
-        if n.op == "placeholder":
-            continue
-        if _seeded(n) or _mutates(n) or n.target in _VALUE_READS or n.op != "call_function":
-            keep.append(n)
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    keep += [m for m in out.all_input_nodes if m in host]
-    kept: set[torch.fx.Node] = set()
-    while keep:
-        n = keep.pop()
-        if n not in kept:
-            kept.add(n)
-            keep.extend(m for m in n.all_input_nodes if m in host)
-    return {n for n in dynamic if n not in kept and n.op == "call_function"}
-
-
-class _HostInput:
-    """A host value a device op reads, fed on replay: element `index` of FX node `node`'s value
-    (all of it if None), taken after the first `after` host steps ran."""
-
-    __slots__ = ("node", "index", "after")
-
-    def __init__(self, node: torch.fx.Node, index: int | None, after: int) -> None:
-        self.node, self.index, self.after = node, index, after
-
-
-class _Tracer(torch.fx.Interpreter):
-    """Runs an FX graph as calling it would, naming the node it is at (`fallback.tracing_target`):
-    the op a value read inside the trace is about (FallbackWhileTracing). It also sorts the
-    graph's host values out (Note [Host values in a trace])."""
-
-    def __init__(self, gm: torch.fx.GraphModule, first_input: int) -> None:
-        super().__init__(gm)
-        self.host: set[torch.fx.Node] = set()  # nodes whose value is on the CPU (or no tensor)
-        self.dynamic: set[torch.fx.Node] = set()  # ... that can change from call to call
-        self.steps: list[torch.fx.Node] = []  # the host nodes to run on replay, in order
-        self.inputs: list[_HostInput] = []
-        self.input_nodes: dict[int, int] = {}  # id(graph_input Node) -> its index in `inputs`
-        self._placeholders: dict[tuple, torch.Tensor] = {}
-        self._next = first_input
-        self.arg_of: dict[torch.fx.Node, int] = {}  # placeholder -> its argument's position
-        self.output_args: list[Any] = []
-        self.to_device = _device_plan(gm)
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        fallback.tracing_target = n.target
-        if n.op == "output":
-            out = n.args[0]
-            self.output_args = list(out) if isinstance(out, (list, tuple)) else [out]
-            return super().run_node(n)
-        if n.op == "placeholder":
-            self.arg_of[n] = len(self.arg_of)
-        ins = n.all_input_nodes
-        host_ins = [m for m in ins if m in self.host]
-        if len(host_ins) == len(ins) and n not in self.to_device:
-            out = super().run_node(n)
-            if not _on_device(out):
-                self.host.add(n)
-                if _is_dynamic(n, out, self.dynamic):
-                    self.dynamic.add(n)
-                if n.op not in ("placeholder", "get_attr"):
-                    self.steps.append(n)
-                return out
-            # A device value from host values only (a copy to the device): run again below
-            # when some of them can change.
-            if not any(m in self.dynamic for m in host_ins):
-                return out
-        # A device op reading host values: those that can change are graph inputs fed per call.
-        swap = [m for m in host_ins if m in self.dynamic]
-        if not swap:
-            return super().run_node(n)
-        saved = {m: self.env[m] for m in swap}
-        try:
-            for m in swap:
-                self.env[m] = self._device_view(m, self.env[m])
-            return super().run_node(n)
-        finally:
-            self.env.update(saved)
-
-    def _device_view(self, m: torch.fx.Node, v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return self._placeholder(m, None, v)
-        if isinstance(v, (list, tuple)):
-            return type(v)(self._device_view_of(m, i, x) for i, x in enumerate(v))
-        return self._device_view_of(m, None, v)
-
-    def _device_view_of(self, m: torch.fx.Node, index: int | None, v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return self._placeholder(m, index, v)
-        if isinstance(v, (bool, int, float, complex)):
-            # A number read from a CPU tensor argument (`.item()` in the graph): the trace would
-            # bake this call's value into every later call.
-            raise NotImplementedError(
-                f"torch.compile(backend='lazyxla'): {m.format_node()} reads a number from a CPU "
-                "tensor argument, and a device op uses it; lazyxla cannot replay that. Pass the "
-                "tensor on the lazyxla device, or read the number outside the compiled function"
-            )
-        return v
-
-    def _placeholder(self, m: torch.fx.Node, index: int | None, t: torch.Tensor) -> torch.Tensor:
-        key = (m, index, len(self.steps))
-        ph = self._placeholders.get(key)
-        if ph is None:
-            spec = TensorSpec(tuple(t.shape), t.dtype)
-            node = Node(GRAPH_INPUT, _input_rule, (), (self._next,), (), (spec,))
-            self._next += 1
-            self.input_nodes[id(node)] = len(self.inputs)
-            self.inputs.append(_HostInput(m, index, len(self.steps)))
-            ph = self._placeholders[key] = new_tensor((node, 0), spec)
-        return ph
-
-    def written_args(self) -> list[tuple[int, torch.Tensor]]:
-        """CPU arguments a device op wrote (through their placeholders), with the value written."""
-        out = []
-        for (m, index, _), ph in self._placeholders.items():
-            if m.op == "placeholder" and index is None:
-                v = read(state(ph))
-                if v[0].op != GRAPH_INPUT:
-                    out.append((self.arg_of[m], ph))
-        return out
-
-
-class _HostProgram:
-    """A trace's host steps, run on every replay: the ones whose values can change from call to
-    call, those a host output needs, and what they read (Note [Host values in a trace]). They run
-    as Python code FX generates once, not through an interpreter: an AdamW step's host part is
-    ~300 nodes (its steps' foreach updates and the `getitem`s of their results)."""
-
-    def __init__(self, gm: torch.fx.GraphModule, tracer: _Tracer, outputs: list[Any]) -> None:
-        wanted = [n for n in tracer.steps if n in tracer.dynamic]
-        wanted += [i.node for i in tracer.inputs] + outputs
-        needed: set[torch.fx.Node] = set()
-        while wanted:
-            n = wanted.pop()
-            if n not in needed:
-                needed.add(n)
-                wanted.extend(m for m in n.all_input_nodes if m in tracer.host)
-        g = torch.fx.Graph()
-        env: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.arg_positions = []
-        for n, i in tracer.arg_of.items():
-            if n in needed:
-                env[n] = g.placeholder(n.name)
-                self.arg_positions.append(i)
-        for n in needed:
-            if n.op == "get_attr":
-                env[n] = g.node_copy(n, env.__getitem__)
-        reads_after: dict[int, list[int]] = {}
-        for k, inp in enumerate(tracer.inputs):
-            reads_after.setdefault(inp.after, []).append(k)
-        steps = [n if n in needed else None for n in tracer.steps]
-        last_write = max(
-            (p for p, n in enumerate(steps) if n is not None and _mutates(n)), default=-1
-        )
-        reads: list[Any] = [None] * len(tracer.inputs)
-        for p, n in enumerate([*steps, None]):
-            writes_later = p <= last_write
-            for k in reads_after.get(p, ()):
-                inp = tracer.inputs[k]
-                v = env[inp.node]
-                if inp.index is not None:
-                    v = g.call_function(operator.getitem, (v, inp.index))
-                if writes_later:  # (a graph dynamo did not functionalize: a later write)
-                    v = g.call_function(torch.ops.aten.clone.default, (v,))
-                reads[k] = v
-            if n is not None:
-                env[n] = g.node_copy(n, env.__getitem__)
-        g.output((tuple(reads), tuple(env[o] for o in outputs)))
-        self.fn = torch.fx.GraphModule(gm, g)
-        self.outputs = outputs
-
-    def run(self, args: Sequence[Any]) -> tuple[list[tuple[Node, int]], dict]:
-        """The host inputs' values as graph leaves, and the host outputs by FX node."""
-        with torch.no_grad():
-            reads, outs = self.fn(*[args[i] for i in self.arg_positions])
-        return [_as_leaf(v) for v in reads], dict(zip(self.outputs, outs))
-
-
-def _mutates(n: torch.fx.Node) -> bool:
-    """Can FX node `n` write to one of its inputs? (Unknown Python callables: by their name.)"""
-    if n.op == "call_function":
-        if isinstance(n.target, torch._ops.OpOverload):
-            return n.target._schema.is_mutable
-        return n.target is not operator.getitem and getattr(n.target, "__name__", "").endswith("_")
-    return n.op == "call_module" or (n.op == "call_method" and n.target.endswith("_"))
-
-
-def _as_leaf(v: torch.Tensor) -> tuple[Node, int]:
-    """A host tensor's value as a graph leaf: a lifted scalar, or a copy on the device."""
-    if v.dim() == 0:
-        return scalar(v.item(), v.dtype), 0
-    from .transfer import upload_node
-
-    return upload_node(v), 0
 
 
 class Trace:
@@ -365,7 +93,7 @@ class Trace:
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:
                 spec = TensorSpec(tuple(a.shape), a.dtype)
-                node = Node(GRAPH_INPUT, _input_rule, (), (i,), (), (spec,))
+                node = Node(GRAPH_INPUT, input_rule, (), (i,), (), (spec,))
                 fake_args.append(new_tensor((node, 0), spec))
             elif isinstance(a, torch.Tensor):  # a host tensor: a copy, the trace may write it
                 fake_args.append(a.detach().clone())
@@ -378,13 +106,13 @@ class Trace:
         if collectives.active():
             spec = TensorSpec((), torch.int32)
             token_in = new_tensor(
-                (Node(GRAPH_INPUT, _input_rule, (), (len(args),), (), (spec,)), 0), spec
+                (Node(GRAPH_INPUT, input_rule, (), (len(args),), (), (spec,)), 0), spec
             )
             outer_token = collectives.swap_token(token_in)
         fallback.tracing_graph = True
         _trace_donors[:] = [{}]  # See Note [Buffer donor config]
         # (export.py traces its own interpreter object, not a GraphModule)
-        tracer = _Tracer(gm, len(args) + 1) if isinstance(gm, torch.fx.GraphModule) else None
+        tracer = Tracer(gm, len(args) + 1) if isinstance(gm, torch.fx.GraphModule) else None
         try:
             with torch.no_grad():
                 outs = tracer.run(*fake_args) if tracer is not None else gm(*fake_args)
@@ -406,7 +134,7 @@ class Trace:
             if (
                 isinstance(fx_node, torch.fx.Node)
                 and fx_node in tracer.host
-                and (fx_node in tracer.dynamic or any(True for _ in _tensors(o)))
+                and (fx_node in tracer.dynamic or any(True for _ in tensors_in(o)))
             ):
                 self.out_plan.append(("host", fx_node))
                 host_outs.append(fx_node)
@@ -436,7 +164,7 @@ class Trace:
         if tracer is not None and (
             tracer.inputs or host_outs or any(n in tracer.dynamic for n in tracer.steps)
         ):
-            self.host = _HostProgram(gm, tracer, host_outs)
+            self.host = HostProgram(gm, tracer, host_outs)
         self.token_root = -1
         if self.collectives:
             self.token_root = len(roots)
