@@ -457,3 +457,55 @@ def test_a_graph_writing_its_inputs_runs_once_per_call():
         row(base[1])
     assert not state(base).is_pending  # a written view: its base is synced
     torch.testing.assert_close(base.cpu(), torch.tensor([[1.0] * 3, [2.0] * 3]))
+
+
+# Random straight-line programs over a device tensor `a` written in place, a 0-d CPU tensor `c`
+# written in place, and a Python float `s` that changes every call: compiled and eager must agree
+# on every call (outputs and written inputs). Every program keeps y 3x3, so eager accepts each one.
+# Before host values were read per call (Note [Host values in a trace]), 14 of these 24 failed.
+_FUZZ_OPS = [
+    "y = y * {s}",
+    "y = y + {s}",
+    "y = y.sin()",
+    "y = y.clamp(min={s})",
+    "y = torch.where(y > {s}, y, -y)",
+    "y = y.t().contiguous()",
+    "y = y[1:].sum(0) + y",
+    "y = y.sum(0, keepdim=True) + y",
+    "a.add_({s})",
+    "a.mul_({s})",
+    "a[0].add_({s})",
+    "y = y + a",
+    "y = y * a.mean()",
+    "c.add_(1)",
+    "y = y * c",
+    "y = y - c * {s}",
+]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_programs_with_host_values_match_eager_over_calls(seed):
+    import random
+
+    rng = random.Random(seed)
+    ops = [
+        rng.choice(_FUZZ_OPS).format(s=rng.choice(["s", "2.0", "c"]))
+        for _ in range(rng.randint(2, 7))
+    ]
+    src = "def f(x, a, c, s):\n    y = x\n" + "".join(f"    {op}\n" for op in ops)
+    src += "    return y, a, c\n"
+    ns = {"torch": torch}
+    exec(src, ns)
+    f = ns["f"]
+    compiled = torch.compile(f, backend="lazyxla")
+    g = torch.Generator().manual_seed(seed)
+    a_ref = torch.randn(3, 3, generator=g)
+    a, c_ref, c = a_ref.to(dev), torch.tensor(0.5), torch.tensor(0.5)
+    for s in (1.5, 2.5, -0.5, 3.0):
+        x = torch.randn(3, 3, generator=g)
+        with torch.no_grad():
+            ref = f(x, a_ref, c_ref, s)
+            out = compiled(x.to(dev), a, c, s)
+        for r, o in zip(ref, out):
+            torch.testing.assert_close(o.cpu(), r, msg=lambda m: f"{m}\n{src}s={s}")
+        torch.testing.assert_close(a.cpu(), a_ref, msg=lambda m: f"{m}\n{src}s={s}")
