@@ -343,8 +343,10 @@ def _probed(op: OpOverload) -> bool:
 _SHAPED_PROBE_LIMIT = 4096  # elements of a probe on zeros of the real shape
 
 
-def _probe_value(v: Any, shaped: bool = False, limit: int = _SHAPED_PROBE_LIMIT) -> Any:
-    """`v` as the probe passes it: a lazy tensor as ones of one element per dimension, or
+def _probe_value(
+    v: Any, shaped: bool = False, limit: int = _SHAPED_PROBE_LIMIT, extent: int = 1
+) -> Any:
+    """`v` as the probe passes it: a lazy tensor as ones of `extent` elements per dimension, or
     (`shaped`) as zeros of its own shape, of at most `limit` elements."""
     if isinstance(v, torch.Tensor):
         if v.device.type != DEVICE_TYPE:
@@ -353,10 +355,22 @@ def _probe_value(v: Any, shaped: bool = False, limit: int = _SHAPED_PROBE_LIMIT)
             raise _NoProbe
         if shaped:
             return torch.zeros(v.shape, dtype=v.dtype)
-        return torch.ones((1,) * v.dim(), dtype=v.dtype)
+        return torch.ones((extent,) * v.dim(), dtype=v.dtype)
     if isinstance(v, (list, tuple)):
-        return type(v)(_probe_value(x, shaped, limit) for x in v)
+        return type(v)(_probe_value(x, shaped, limit, extent) for x in v)
     return v
+
+
+def _probe_extent(specs: list[ArgSpec], vals: list[Any]) -> int:
+    """Elements per dimension of a probe: one, or past a variance's correction. On one element
+    `var`/`std` warn that the degrees of freedom are <= 0, and a warning C++ raises inside a
+    kernel reaches the user's call, whatever filter the probe sets."""
+    for s, v in zip(specs, vals):
+        if s.name == "correction":
+            return 2 + (int(abs(v)) if isinstance(v, (int, float)) else 1)
+        if s.name == "unbiased":
+            return 2
+    return 1
 
 
 class _NoProbe(Exception):
@@ -374,9 +388,11 @@ def _eager_probe(
     ops]). `shaped` (`_DTYPE_PROBED`): on zeros of the real shapes, every error of eager's; past
     the size limit on one-element tensors, only a refusal of the dtypes."""
 
+    extent = _probe_extent(specs, vals)
+
     def probe_args(shaped: bool) -> tuple | None:
         try:
-            return _split_args(specs, vals, lambda v: _probe_value(v, shaped, limit))
+            return _split_args(specs, vals, lambda v: _probe_value(v, shaped, limit, extent))
         except _NoProbe:
             return None
 
