@@ -471,6 +471,37 @@ class EagerRefused(NotImplementedError):
     (a kernel's NotImplementedError from the meta call means a data-dependent output shape)."""
 
 
+def _warn_degrees_of_freedom(op: OpOverload, vals: list[Any]) -> None:
+    """Eager's warning for a variance over no more elements than its correction: its CPU kernel
+    warns on every call, the meta kernel never."""
+    args = dict(zip((a.name for a in op._schema.arguments), vals))
+    x, dim = args.get("self"), args.get("dim")
+    if not isinstance(x, torch.Tensor):
+        return
+    if isinstance(dim, int):
+        dim = [dim]
+    n = math.prod(x.shape[d] for d in dim) if dim else x.numel()
+    correction = args.get("correction")
+    if correction is None:
+        correction = 0 if args.get("unbiased") is False else 1
+    if n - correction <= 0:
+        name = op._schema.name.split("::")[-1]
+        warnings.warn(
+            f"{name}(): degrees of freedom is <= 0. Correction should be strictly less than the "
+            "reduction factor (input numel divided by output numel).",
+            UserWarning,
+            stacklevel=3,  # (this check, the op's kernel, the caller)
+        )
+
+
+def per_call_check(op: OpOverload) -> Callable[[OpOverload, list[Any]], None] | None:
+    """A check eager's kernel makes on every call that the meta kernel skips (a warning), if
+    `op` has one: its recorded kernel runs it before its recording plan."""
+    if op.overloadpacket in (_aten.var, _aten.std, _aten.var_mean, _aten.std_mean):
+        return _warn_degrees_of_freedom
+    return None
+
+
 # Checks eager's kernels make that the meta kernels skip, run where the meta call runs.
 _EAGER_CHECKS = {
     _aten.index_put.default: _check_index_put,

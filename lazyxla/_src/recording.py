@@ -42,6 +42,7 @@ from .meta import (
     EagerRefused,
     bind,
     infer_layout,
+    per_call_check,
     scalar_class,
 )
 from .ops.registry import Lowering
@@ -320,6 +321,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     aten = None if lw.random or GENERATOR in kinds else op
     stores = name in STORES_SCALAR
     plans: dict[tuple, _Plan | None] = {}
+    check = per_call_check(op)
 
     nargs = len(specs)
     defaults = tuple(s.default for s in specs)
@@ -330,6 +332,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         counters[counter] = counters.get(counter, 0) + 1
         key = None
         vals: Any = None
+        check_done = False
         if planned and not FLAGS.ir_debug:
             items: list[Any] = []
             states: list[Any] = []
@@ -342,6 +345,9 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 else bind(specs, args, kwargs)
             )
             key = _plan_key(kinds, vals, items, states)
+            if check is not None:
+                check(op, vals)
+                check_done = True
             if key is not None:
                 for i in device_args:
                     check_device(vals[i])
@@ -355,6 +361,8 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 vals = None
         if vals is None:
             vals = bind(specs, args, kwargs)
+        if check is not None and not check_done:
+            check(op, vals)
         for i in device_args:
             check_device(vals[i])
         try:

@@ -326,3 +326,30 @@ def test_variance_does_not_warn_where_eager_does_not(call):
         call(x)
         call(x.to(DEV))
     assert not [w for w in caught if "degrees of freedom" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: torch.std(t(torch.randn(5, 3))),
+        lambda t: torch.std(t(torch.randn(1))),
+        lambda t: torch.var_mean(t(torch.randn(3, 1)), 1),
+        lambda t: torch.var(t(torch.randn(1)), unbiased=False),
+        lambda t: torch.std(t(torch.randn(3, 2)), 0, correction=3),
+        lambda t: torch.std_mean(t(torch.randn(2, 1, 4)), (1,)),
+        lambda t: t(torch.randn(1)).var(),
+    ],
+)
+def test_variance_warns_on_every_call_where_eager_warns(call):
+    """A variance over no more elements than its correction: eager's kernel warns on every call
+    (the meta kernels, and so lazyxla's recording, never did), at the caller's line."""
+    import warnings
+
+    seen = []
+    for to in (lambda x: x, lambda x: x.to(DEV)):
+        for _ in range(2):  # the second call takes the recording plan
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call(to)
+            seen.append([w.filename for w in caught if "degrees of freedom" in str(w.message)])
+    assert seen[2:] == seen[:2]
