@@ -101,13 +101,20 @@ def _device_plan(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
             keep.append(n)
     out = next(n for n in gm.graph.nodes if n.op == "output")
     keep += [m for m in out.all_input_nodes if m in host]
-    kept: set[torch.fx.Node] = set()
-    while keep:
-        n = keep.pop()
-        if n not in kept:
-            kept.add(n)
-            keep.extend(m for m in n.all_input_nodes if m in host)
+    kept = _with_host_inputs(keep, host)
     return {n for n in dynamic if n not in kept and n.op == "call_function"}
+
+
+def _with_host_inputs(nodes: list[torch.fx.Node], host: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """`nodes` and every host node they read, directly or not."""
+    found: set[torch.fx.Node] = set()
+    todo = list(nodes)
+    while todo:
+        n = todo.pop()
+        if n not in found:
+            found.add(n)
+            todo.extend(m for m in n.all_input_nodes if m in host)
+    return found
 
 
 class _HostInput:
@@ -225,12 +232,7 @@ class HostProgram:
     def __init__(self, gm: torch.fx.GraphModule, tracer: Tracer, outputs: list[Any]) -> None:
         wanted = [n for n in tracer.steps if n in tracer.dynamic]
         wanted += [i.node for i in tracer.inputs] + outputs
-        needed: set[torch.fx.Node] = set()
-        while wanted:
-            n = wanted.pop()
-            if n not in needed:
-                needed.add(n)
-                wanted.extend(m for m in n.all_input_nodes if m in tracer.host)
+        needed = _with_host_inputs(wanted, tracer.host)
         g = torch.fx.Graph()
         env: dict[torch.fx.Node, torch.fx.Node] = {}
         self.arg_positions = []
