@@ -330,9 +330,10 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = _now()
         counters[counter] = counters.get(counter, 0) + 1
+        if check is not None:  # (var/std: they bind twice)
+            check(op, bind(specs, args, kwargs))
         key = None
         vals: Any = None
-        check_done = False
         if planned and not FLAGS.ir_debug:
             items: list[Any] = []
             states: list[Any] = []
@@ -345,9 +346,6 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 else bind(specs, args, kwargs)
             )
             key = _plan_key(kinds, vals, items, states)
-            if check is not None:
-                check(op, vals)
-                check_done = True
             if key is not None:
                 for i in device_args:
                     check_device(vals[i])
@@ -361,8 +359,6 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 vals = None
         if vals is None:
             vals = bind(specs, args, kwargs)
-        if check is not None and not check_done:
-            check(op, vals)
         for i in device_args:
             check_device(vals[i])
         try:
