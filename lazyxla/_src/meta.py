@@ -365,12 +365,18 @@ def _probe_extent(specs: list[ArgSpec], vals: list[Any]) -> int:
     """Elements per dimension of a probe: one, or past a variance's correction. On one element
     `var`/`std` warn that the degrees of freedom are <= 0, and a warning C++ raises inside a
     kernel reaches the user's call, whatever filter the probe sets."""
-    for s, v in zip(specs, vals):
-        if s.name == "correction":
-            return 2 + (int(abs(v)) if isinstance(v, (int, float)) else 1)
-        if s.name == "unbiased":
-            return 2
-    return 1
+    args = {s.name: v for s, v in zip(specs, vals)}
+    if "correction" not in args and "unbiased" not in args:
+        return 1
+    return 2 + int(abs(_correction(args)))
+
+
+def _correction(args: dict[str, Any]) -> float:
+    """A variance's correction, from its `correction` or `unbiased` argument (default 1)."""
+    correction = args.get("correction")
+    if correction is None:
+        correction = 0 if args.get("unbiased") is False else 1
+    return correction
 
 
 class _NoProbe(Exception):
@@ -481,10 +487,7 @@ def _warn_degrees_of_freedom(op: OpOverload, vals: list[Any]) -> None:
     if isinstance(dim, int):
         dim = [dim]
     n = math.prod(x.shape[d] for d in dim) if dim else x.numel()
-    correction = args.get("correction")
-    if correction is None:
-        correction = 0 if args.get("unbiased") is False else 1
-    if n - correction <= 0:
+    if n - _correction(args) <= 0:
         name = op._schema.name.split("::")[-1]
         warnings.warn(
             f"{name}(): degrees of freedom is <= 0. Correction should be strictly less than the "
