@@ -208,6 +208,22 @@ def test_distribution_samplers_match_their_laws():
         assert abs(low - 0.25) < 0.02 and abs(high - 0.75) < 0.02
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_bernoulli_out_takes_the_shape_of_p_and_draws_in_its_own_dtype(dtype):
+    # eager: out.resize_as_(p).bernoulli_(p), whatever out's dtype (the generic out= path
+    # refused a float result into an integer out)
+    n = 20000
+    p = torch.linspace(0, 1, n).reshape(2, n // 2)
+    eager = torch.bernoulli(p, out=torch.empty(3, dtype=dtype))
+    out = torch.empty(3, dtype=dtype, device=DEV)
+    b = _no_fallback(lambda: torch.bernoulli(p.to(DEV), out=out))
+    assert torch.bernoulli(p.to(DEV), out=out) is out
+    assert out.shape == eager.shape and out.dtype == eager.dtype == b.dtype
+    assert set(b.unique().tolist()) <= {0, 1}
+    assert b[0, 0] == 0 and b[-1, -1] == 1  # p = 0 and p = 1
+    assert abs(b.double().mean().item() - 0.5) < 0.02
+
+
 def test_multinomial_frequencies_and_without_replacement():
     probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.25, 0.25, 0.25, 0.25]])
     draws = _no_fallback(lambda: torch.multinomial(probs.to(DEV), 20000, replacement=True))

@@ -17,7 +17,7 @@ aten = torch.ops.aten
 
 
 # Kernels here replace what install() would derive.
-OVERRIDES = {aten.copy_.default}
+OVERRIDES = {aten.copy_.default, aten.bernoulli.out}
 
 
 def _spec(t: torch.Tensor, dtype: torch.dtype | None = None) -> TensorSpec:
@@ -276,6 +276,13 @@ def kron_out(self: torch.Tensor, other: torch.Tensor, *, out: torch.Tensor) -> t
     return out
 
 
+def bernoulli_out(self: torch.Tensor, *, generator: Any = None, out: torch.Tensor) -> torch.Tensor:
+    """As eager's `bernoulli_out`: `out` takes self's shape and 0/1 draws in its own dtype (an
+    integer or bool `out` too), where the generic out path would refuse a float-to-int cast."""
+    out.resize_as_(self)
+    return out.bernoulli_(self, generator=generator)
+
+
 # --- as_strided_scatter of a strided input ------------------------------------------------------
 # `as_strided_scatter(self, src, size, stride, offset)` is the inverse of `self.as_strided(size,
 # stride, offset)`, whose offset and strides address self's storage. Eager's result has self's
@@ -320,6 +327,7 @@ def as_strided_scatter_kernel(functional: Any) -> Any:
 
 def install() -> None:
     register_kernel(aten.kron.out, kron_out)
+    register_kernel(aten.bernoulli.out, bernoulli_out)
     register_kernel(aten._to_copy.default, _to_copy)
     register_kernel(aten.copy_.default, copy_)
     register_kernel(aten._copy_from.default, _copy_from)
