@@ -30,6 +30,7 @@ import numpy as np
 from . import (
     analysis,
     collectives,
+    exe_cache,
     fallback,
     host_read,
     metrics,
@@ -346,10 +347,7 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
     if debug:
         analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
-        lowered = _lower(cap)
-        if cap.replicas:
-            collectives.check_same_program(lowered)
-        exe = lowered.compile()
+        exe = _compile(cap)
     metrics.counter_inc("CreateCompileHandles")
     largest = max(
         (math.prod(n.specs[k].shape) * n.specs[k].dtype.itemsize for n, k in cap.root_values),
@@ -363,6 +361,27 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
     if debug:
         analysis.post_compilation(cap, exe)
     CACHE.put(cap.key, exe)
+    return exe
+
+
+def _compile(cap: Capture) -> Any:
+    """`cap`'s executable: from the persistent cache's graph index if it is there (Note
+    [Executables on disk by graph key]), else lowered and compiled (and indexed)."""
+    from . import runtime_api
+
+    cache_dir = runtime_api._cache_path
+    key = exe_cache.digest(cap) if cache_dir is not None else None
+    if key is not None:
+        exe = exe_cache.load(cache_dir, key)
+        if exe is not None:
+            metrics.counter_inc("PersistentCacheHit")
+            return exe
+    lowered = _lower(cap)
+    if cap.replicas:
+        collectives.check_same_program(lowered)
+    exe = lowered.compile()
+    if key is not None and not runtime_api._cache_readonly:
+        exe_cache.store(cache_dir, key, exe)
     return exe
 
 

@@ -172,6 +172,7 @@ def runtime_device_attributes(device: str) -> dict[str, Any]:
 
 
 _cache_path: str | None = None
+_cache_readonly = False
 
 # JAX's events for a compile that consults the persistent cache, as torch_xla's counters.
 _PERSISTENT_COUNTERS = {
@@ -195,7 +196,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     in-memory cache (`UncachedCompile`) then counts `PersistentCacheHit` when it was read from
     `path` and `PersistentCacheMiss` when XLA compiled it.
     """
-    global _cache_path
+    global _cache_path, _cache_readonly
     if _cache_path is not None:
         if _cache_path == path:
             return
@@ -212,3 +213,4 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jax.monitoring.register_event_listener(_count_persistent)
     _cache_path = path
+    _cache_readonly = readonly
