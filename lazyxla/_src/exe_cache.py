@@ -9,7 +9,7 @@ by, the graph's data-free key, so that a warm start deserializes the executable 
 
 A stale entry would run a different program than the graph asks for: a wrong number, not a slow
 one. So the digest names everything the executable depends on, and a graph is indexed only when
-its key can be written out completely (`_stable`):
+its key can be written out completely (`_Descriptors.form`, `digest`):
 - each node's descriptor, expanded from its process-local interned number: the op, the rule's
   code (file, name, line), its statics with floats by their bits, and its output specs. Only
   aten ops and lazyxla's leaf and layout nodes are written out, with statics of plain types
@@ -18,9 +18,11 @@ its key can be written out completely (`_stable`):
   static, a nested sub-graph of a scan or a manual region, a custom call, a JAX function) leaves
   the graph to JAX's own cache, which lowers it first;
 - the graph's roots, buffer donation and index checking, as in the in-memory key;
-- the environment: a digest of lazyxla's own source files, torch, jax and jaxlib versions, the
-  backend's platform version and devices, lazyxla's flags, the XLA/LAZYXLA/JAX environment
-  variables, and the jax options that change lowering (x64, matmul precision, PRNG).
+- the devices its inputs are on (the executable is loaded onto the devices it was built for);
+- the environment: a digest of lazyxla's own source files, the torch, numpy, jax and jaxlib
+  versions, the backend's platform version and devices, lazyxla's flags (but those that only
+  report), the XLA/LAZYXLA/JAX environment variables, and the jax options that change lowering
+  (x64, matmul precision, PRNG).
 SPMD graphs and graphs run across processes are not indexed (their executables also depend on
 device assignments). An entry that fails to load is ignored (a warning, once), and the graph is
 lowered and compiled as without it. A hit counts `PersistentCacheHit`, as JAX's hits do.
@@ -209,6 +211,7 @@ def _environment() -> str:
     flags and options that may change at run time are read per key, in `digest`)."""
     if not _env:
         import jaxlib
+        import numpy
         import torch
 
         backend = jax.devices()[0].client
@@ -218,6 +221,7 @@ def _environment() -> str:
                 (
                     _source_digest(),
                     torch.__version__,
+                    numpy.__version__,
                     jax.__version__,
                     jaxlib.__version__,
                     backend.platform_version,
