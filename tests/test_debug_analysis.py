@@ -235,3 +235,31 @@ def test_save_tensors_file_writes_a_dynamo_section_per_compiled_run(tmp_path):
         FLAGS.set("save_tensors_file", "")
     with open(path + ".0") as fh:
         assert fh.read().count("[dynamo]\n") == 2
+
+
+def test_a_line_that_keeps_compiling_new_graphs_warns_once_with_what_changed():
+    """Note [Recompiles at one line]: the 8th different graph compiled at one line warns, at
+    that line, once; a graph seen before at the line does not count."""
+    import warnings
+
+    graph.CACHE.clear()
+
+    def step(n: int) -> float:
+        return (torch.ones(n).to(dev) * 2).sum().item()  # a new length: a new graph
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (1, 2, 1, 3, 4, 5, 6, 7, 2):  # 7 different graphs: no warning yet
+            assert step(n) == 2 * n
+        assert not [w for w in caught if w.category is analysis.RecompileWarning]
+        for n in (8, 9, 10):  # the 8th, then more
+            assert step(n) == 2 * n
+    warned = [w for w in caught if w.category is analysis.RecompileWarning]
+    assert len(warned) == 1
+    w = warned[0]
+    line = step.__code__.co_firstlineno + 1
+    assert (w.filename, w.lineno) == (__file__, line)
+    message = str(w.message)
+    assert "compiled 8 different graphs" in message
+    assert "new input shapes f32[8]{0}; no more f32[7]{0}" in message
+    assert "cache_implementation" in message and "PT_XLA_DEBUG_LEVEL=1" in message

@@ -10,11 +10,13 @@ reason for a silent recompile in a training loop.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import math
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,6 +134,63 @@ def _block(prefix: str, title: str, cause: str, cap: Any, extra: list[str]) -> s
     return "\n".join(f"{prefix}: {x}" for x in lines) + "\n"
 
 
+# Note [Recompiles at one line]
+# A program whose graph changes every step compiles every step: a sequence that grows by a token
+# (text generation with a dynamic KV cache), a last partial batch, a Python number baked into the
+# graph. torch_xla compiles such graphs silently (PT_XLA_DEBUG_LEVEL names each cause, if asked).
+# lazyxla warns once per Python line (the innermost frame outside lazyxla and torch when the graph
+# compiled) when that line has compiled RECOMPILE_WARN_AT different graphs, with what changed last
+# and what to do about it, as dynamo warns at its recompile_limit. Graphs at a line are counted by
+# their key's hash; eager mode's one-op graphs are not counted.
+RECOMPILE_WARN_AT = 8
+_GRAPHS_AT_SITE: dict[tuple[str, int], tuple[set[int], GraphSummary]] = {}
+
+
+class RecompileWarning(UserWarning):
+    """The same line of a program keeps compiling new graphs (Note [Recompiles at one line])."""
+
+
+def _user_site() -> tuple[str, int] | None:
+    f: Any = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(ir._SKIP_PREFIXES) and not fn.startswith("<frozen"):
+            return fn, f.f_lineno
+        f = f.f_back
+    return None
+
+
+def count_compile(cap: Any) -> None:
+    """Count a compile at its line; warn at the RECOMPILE_WARN_AT-th different graph there."""
+    site = _user_site()
+    if site is None:
+        return
+    h = hash(cap.key)
+    seen = _GRAPHS_AT_SITE.get(site)
+    summary = GraphSummary(cap)
+    if seen is None:
+        _GRAPHS_AT_SITE[site] = ({h}, summary)
+        return
+    graphs, last = seen
+    if h in graphs:
+        return
+    graphs.add(h)
+    _GRAPHS_AT_SITE[site] = (graphs, summary)
+    if len(graphs) != RECOMPILE_WARN_AT:
+        return
+    warnings.warn_explicit(
+        f"this line has compiled {len(graphs)} different graphs, each a full XLA compile "
+        f"(the last one: {summary.brief_diff(last)}). A shape that changes every step compiles "
+        "every step: pad inputs to a few fixed sizes (a last partial batch: drop_last=True), "
+        'generate text with a static KV cache (transformers\' cache_implementation="static"), '
+        "pass changing Python numbers as tensors. PT_XLA_DEBUG_LEVEL=1 prints why each graph "
+        "compiles; lazyxla.compile(max_different_graphs=N) makes more than N an error",
+        RecompileWarning,
+        site[0],
+        site[1],
+    )
+
+
 def compilation(cap: Any, cause: str) -> None:
     """Before a compile: why, which graph, from where."""
     extra = []
@@ -206,6 +265,22 @@ class GraphSummary:
     def __init__(self, cap: Any) -> None:  # a graph.Capture
         self.inputs = [ir.shape_str(n.specs[0]) for n in cap.nodes if n.op == ir.DEVICE_DATA]
         self.ops = [n.op for n in cap.nodes if not n.is_leaf]
+
+    def brief_diff(self, other: GraphSummary, most: int = 3) -> str:
+        """`diff` in a line: at most `most` input shapes that appeared, and that went."""
+        if self.inputs != other.inputs:
+            now, before = collections.Counter(self.inputs), collections.Counter(other.inputs)
+
+            def shapes(c: collections.Counter) -> str:
+                items = [f"{k}" + (f" x{n}" if n > 1 else "") for k, n in c.items()]
+                more = f" and {len(items) - most} more" if len(items) > most else ""
+                return ", ".join(items[:most]) + more
+
+            new, gone = now - before, before - now
+            parts = [f"new input shapes {shapes(new)}"] if new else []
+            parts += [f"no more {shapes(gone)}"] if gone else []
+            return "; ".join(parts) or "the inputs' order changed"
+        return self.diff(other)
 
     def diff(self, other: GraphSummary) -> str:
         """How `self` differs from an earlier graph `other`, in words."""

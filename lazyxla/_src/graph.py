@@ -344,6 +344,8 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
         return exe
     metrics.counter_inc("UncachedCompile")
     debug = analysis.level() if cause is not analysis.QUIET else 0
+    if cause is not analysis.QUIET:
+        analysis.count_compile(cap)  # Note [Recompiles at one line]
     if debug:
         analysis.compilation(cap, cause)
     with metrics.timed("CompileTime"):
