@@ -459,6 +459,54 @@ def test_a_graph_writing_its_inputs_runs_once_per_call():
     torch.testing.assert_close(base.cpu(), torch.tensor([[1.0] * 3, [2.0] * 3]))
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.t() * 2,
+        lambda x: x.permute(1, 0) + 1,
+        lambda x: (x @ x).t(),
+        lambda x: x.view(1, 2, 2, 4).contiguous(memory_format=torch.channels_last) * 1,
+        lambda x: (x * 2)[:, 1:3],  # a strided slice of an intermediate: dense, as lazily
+        lambda x: x[:1].expand(4, 4).clone(),
+    ],
+)
+def test_replayed_outputs_keep_the_strides_eager_gives_them(fn):
+    """A dense output keeps eager's strides (a transposed result, channels_last); before, every
+    replayed output was contiguous. A strided slice of an intermediate comes back dense."""
+    from lazyxla._src.writes import non_overlapping_and_dense
+
+    x = torch.randn(4, 4)
+    want = fn(x)
+    stride = want.stride() if non_overlapping_and_dense(want) else want.contiguous().stride()
+    compiled = torch.compile(fn, backend="lazyxla")
+    for _ in range(2):  # traced, then replayed
+        got = compiled(x.to(dev))
+        assert got.stride() == stride
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_replay_makes_no_tensor_for_what_only_writes_an_input():
+    """An optimizer step writes every parameter and state in place and returns nothing: its
+    replay writes the inputs' values and creates no tensor per written input."""
+    params = [torch.randn(5) for _ in range(4)]
+    grads = [torch.randn(5) for _ in range(4)]
+    want = [p - 0.2 * g for p, g in zip(params, grads)]
+    params, grads = [p.to(dev) for p in params], [g.to(dev) for g in grads]
+
+    @torch.compile(backend="lazyxla")
+    def step(ps, gs):
+        torch._foreach_add_(ps, gs, alpha=-0.1)
+
+    with torch.no_grad():
+        step(params, grads)
+        lazyxla.sync()
+        met.clear_all()
+        step(params, grads)
+        assert (met.counter_value("CreateXlaTensor") or 0) == 0
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.cpu(), w)
+
+
 # Random straight-line programs over a device tensor `a` written in place, a 0-d CPU tensor `c`
 # written in place, and a Python float `s` that changes every call: compiled and eager must agree
 # on every call (outputs and written inputs). Every program keeps y 3x3, so eager accepts each one.

@@ -46,6 +46,7 @@ from .ir import (
 from .lower import Program
 from .tensor import DEVICE_TYPE, new_tensor, next_seq, read, retire_since, state, write
 from .trace_host import GRAPH_INPUT, HostProgram, Tracer, input_rule, tensors_in
+from .writes import non_overlapping_and_dense
 
 
 def _skip_lazyxla_frames() -> None:
@@ -74,6 +75,15 @@ class _Leaf:
         self.kind = kind  # "arg" | "host" | "const" | "rng_seed" | "rng_offset"
         self.arg = arg
         self.node = node
+
+
+def _eager_layout(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides a replayed output keeps: the traced output's (eager's, as lazyxla records
+    them) when they are a permutation of dense ones (a transposed result, channels_last), else
+    None (contiguous; a strided slice of an intermediate comes back dense)."""
+    if t.is_contiguous():
+        return None
+    return tuple(t.stride()) if non_overlapping_and_dense(t) else None
 
 
 class Trace:
@@ -128,6 +138,10 @@ class Trace:
             out_nodes = tracer.output_args
         # Outputs: tensors computed by the graph, inputs passed straight through, host values.
         roots: list[tuple[Node, int]] = []
+        # The roots a replay makes a tensor for (its outputs, a host write's source, the token),
+        # each with the strides eager gives it (None: contiguous). Roots that only write an input
+        # need no tensor of their own: an optimizer step writes hundreds.
+        self.tensor_roots: dict[int, tuple[int, ...] | None] = {}
         self.out_plan: list[tuple[str, Any]] = []
         host_outs = []
         for o, fx_node in zip(outs, out_nodes):
@@ -144,6 +158,7 @@ class Trace:
                     self.out_plan.append(("arg", v[0].args[0]))
                 else:
                     self.out_plan.append(("out", len(roots)))
+                    self.tensor_roots[len(roots)] = _eager_layout(o)
                     roots.append(v)
             else:
                 self.out_plan.append(("py", o))
@@ -159,6 +174,7 @@ class Trace:
         self.host_writes: list[tuple[int, int]] = []
         for i, ph in tracer.written_args() if tracer is not None else ():
             self.host_writes.append((i, len(roots)))
+            self.tensor_roots[len(roots)] = None
             roots.append(read(state(ph)))
         self.host = None
         if tracer is not None and (
@@ -168,6 +184,7 @@ class Trace:
         self.token_root = -1
         if self.collectives:
             self.token_root = len(roots)
+            self.tensor_roots[len(roots)] = None
             roots.append(read(state(token_out)))
         nodes = post_order([n for n, _ in roots])
         pos = {id(n): i for i, n in enumerate(nodes)}
@@ -231,7 +248,10 @@ class Trace:
             "xla::dynamo_graph", self.rule, tuple(inputs), self.node_args, (), self.out_specs
         )
         t1 = time.perf_counter_ns()
-        outs = [new_tensor((node, i), spec) for i, spec in enumerate(self.out_specs)]
+        specs = self.out_specs
+        outs: dict[int, torch.Tensor] = {
+            i: new_tensor((node, i), specs[i], stride) for i, stride in self.tensor_roots.items()
+        }
         metrics.metric_add("RunCachedGraphInputData", t1 - t0)
         metrics.metric_add("RunCachedGraphOutputData", time.perf_counter_ns() - t1)
         if self.collectives:
@@ -240,10 +260,10 @@ class Trace:
         for arg_index, root in self.mutations:
             target = args[arg_index]
             write(state(target), (node, root))
-        if sync and outs:
+        if sync and self.n_roots:
             # The written inputs too: left pending, each would run again, alone, before the next
             # call (a static KV cache: one more execution per token).
-            states = [state(o) for o in outs]
+            states = [state(o) for o in outs.values()]
             for arg_index, _ in self.mutations:
                 st = state(args[arg_index])
                 states.append(st.base or st)  # (a view's write is its base's new value)

@@ -122,7 +122,7 @@ _ONE_VALUE_OPS = frozenset(
 )
 
 
-def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+def non_overlapping_and_dense(t: torch.Tensor) -> bool:
     expected = 1
     for n, st in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
         if n == 1:
@@ -137,7 +137,7 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """at::get_overlap_status(a, b) == PARTIAL for two lazy tensors of one storage."""
     if a.numel() == 0 or b.numel() == 0:
         return False
-    if not (_non_overlapping_and_dense(a) and _non_overlapping_and_dense(b)):
+    if not (non_overlapping_and_dense(a) and non_overlapping_and_dense(b)):
         return False  # TOO_HARD: eager does not check either
     a0, b0 = a.data_ptr(), b.data_ptr()
     a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
