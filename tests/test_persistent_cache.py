@@ -168,3 +168,7 @@ def test_graphs_whose_key_cannot_be_written_out_are_left_to_jax():
     assert _digest(barrier, x) is None
     f = torch.compile(lambda a: a.sin() + 1, backend="lazyxla", options={"sync": False})
     assert _digest(f, x) is not None  # a trace-once replay's nested graph is written out
+    q = torch.randn(2, 2, 8, 4, device=dev)
+    lazyxla.sync()
+    attention = _digest(lambda t: F.scaled_dot_product_attention(t, t, t, is_causal=True), q)
+    assert attention is not None  # lazyxla's own ops (flash attention) are written out

@@ -12,7 +12,8 @@ one. So the digest names everything the executable depends on, and a graph is in
 its key can be written out completely (`_Descriptors.form`, `digest`):
 - each node's descriptor, expanded from its process-local interned number: the op, the rule's
   code (file, name, line), its statics with floats by their bits, and its output specs. Only
-  aten ops and lazyxla's leaf and layout nodes are written out, with statics of plain types
+  aten ops, lazyxla's own ops (`lazyxla::flash_attention_fwd`, einsum) and its leaf and layout
+  nodes are written out, with statics of plain types
   (numbers, strings, dtypes, shapes, tuples of them), and a trace-once replay
   (`xla::dynamo_graph`), whose nested graph is expanded in turn. Anything else (a function in a
   static, a nested sub-graph of a scan or a manual region, a custom call, a JAX function) leaves
@@ -160,7 +161,7 @@ class _Descriptors:
             if nested is _UNSTABLE or statics is _UNSTABLE:
                 return _UNSTABLE
             parts: tuple = (op, _code(code), statics, nested, _static(specs))
-        elif op.startswith("aten::") or op in _LEAVES:
+        elif op.startswith(("aten::", "lazyxla::")) or op in _LEAVES:
             parts = (op, _code(code), _static(args), _static(kwargs), _static(specs))
             parts += (_static(extra),)
         else:
