@@ -38,13 +38,14 @@ from . import (
     sharding,
     step_closures,
 )
+from . import tensor as _tensor
 from .config import FLAGS
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
 from .sharding import is_spmd as spmd
 from .sharding import output_sharding
-from .tensor import HostState, LazyState, bind_data, live_states, read
+from .tensor import STATE_FILL, HostState, LazyState, bind_data, live_states, read
 
 # Note [Memory maps of executables]
 # Every kernel XLA:CPU compiles is mapped into the process on its own (~15 memory maps for a
@@ -209,6 +210,26 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
     return np.asarray(values, dtype=dt)
 
 
+# Note [Roots in graph order]
+# A sync's roots are the live pending tensors, walked in creation order (a stable post-order), then
+# numbered in the order the walk reached their values. Creation order alone would make two steps
+# of one training loop different graphs: step 1 creates the optimizer state after the gradients,
+# step 2 the gradients after the state (zero_grad dropped them), so the same outputs came in
+# another order (a second compile). The walk reaches the state and the gradients through the
+# parameters' updates, in the same order in both steps.
+
+
+def _is_state_fill(n: Node) -> bool:
+    return n.meta is STATE_FILL
+
+
+def _fill_data(n: Node) -> Node:
+    """A marked fill's values as a device data leaf (Note [A state's first value is data])."""
+    spec = n.specs[0]
+    make = runtime.zeros if n.op in ("aten::zeros", "aten::zeros_like") else runtime.ones
+    return device_data(make(spec.shape, spec.dtype), spec)
+
+
 class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
@@ -229,12 +250,15 @@ class Capture:
             self.bindings.append((s, r))
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
-        nodes = post_order([n for n, _ in root_values])
+        # Note [A state's first value is data] in tensor.py: a marked fill is a data leaf.
+        fills = _tensor.fills_marked[0] and not spmd()
+        nodes = post_order([n for n, _ in root_values], _is_state_fill if fills else None)
         pos: dict[int, int] = {}
         parts: list[Any] = []
         data: list[jax.Array] = []
         scalars: dict[np.dtype, list[Any]] = {}
         scalar_order: list[np.dtype] = []
+        self.fill_data: dict[int, Node] = {}  # a marked fill's id -> its device data node
         for i, n in enumerate(nodes):
             pos[id(n)] = i
             if n.op == DEVICE_DATA:
@@ -245,10 +269,26 @@ class Capture:
                 scalars.setdefault(dt, []).append(n.data)
                 scalar_order.append(dt)
                 parts.append(n.desc)
+            elif fills and n.meta is STATE_FILL:
+                d = self.fill_data[id(n)] = _fill_data(n)
+                data.append(d.data)
+                parts.append(d.desc)
             elif n.inputs:
                 parts.append((n.desc, tuple([(pos[id(x)], k) for x, k in n.inputs])))
             else:
                 parts.append(n.desc)
+        if len(root_values) > 1:  # Note [Roots in graph order]
+            order = sorted(
+                range(len(root_values)),
+                key=lambda r: (pos[id(root_values[r][0])], root_values[r][1]),
+            )
+            if any(r != i for i, r in enumerate(order)):
+                new_index = [0] * len(order)
+                for i, r in enumerate(order):
+                    new_index[r] = i
+                root_values = self.root_values = [root_values[r] for r in order]
+                self.out_shardings = tuple(self.out_shardings[r] for r in order)
+                self.bindings = [(s, new_index[r]) for s, r in self.bindings]
         self.nodes = nodes
         self.pos = pos
         self.roots = [(pos[id(n)], k) for n, k in root_values]
@@ -257,7 +297,7 @@ class Capture:
         marked = (
             donation_marked[0] and any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
         ) and (full or _alias_with_buffer_donor())
-        self.donate = self._donation(nodes, root_values) if donate or marked else ()
+        self.donate = self._donation(nodes, root_values, self.fill_data) if donate or marked else ()
         self.checked = FLAGS.check_indices  # Note [Checked indices]
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         if self.checked:
@@ -270,10 +310,16 @@ class Capture:
         self.replicas = collectives.active() and collectives.has_collectives(nodes)
 
     @staticmethod
-    def _donation(nodes: list[Node], root_values: list[tuple[Node, int]]) -> tuple[bool, ...]:
+    def _donation(
+        nodes: list[Node], root_values: list[tuple[Node, int]], fill_data: dict[int, Node]
+    ) -> tuple[bool, ...]:
         """One flag per data input: may XLA reuse its buffer? See Note [Buffer donation]."""
         held = _held_data()
         data_nodes = [n for n in nodes if n.op == DEVICE_DATA]
+        if fill_data:
+            data_nodes = [
+                fill_data.get(id(n), n) for n in nodes if n.op == DEVICE_DATA or id(n) in fill_data
+            ]
         free = collections.Counter(n.specs[k] for n, k in root_values)
         # An array several of this graph's inputs share (two nodes over one buffer: a gradient
         # seeded with the tensor itself) is read through the others: never donated.
@@ -288,7 +334,8 @@ class Capture:
         return tuple(mask)
 
     def program(self) -> Program:
-        return Program(self.nodes, self.pos, self.roots, self.out_shardings)
+        leaves = frozenset(self.fill_data)
+        return Program(self.nodes, self.pos, self.roots, self.out_shardings, leaf_ids=leaves)
 
     def args(self) -> tuple:
         """The executable's arguments: (donated data, kept data, scalars) or (data, scalars)."""
@@ -418,6 +465,8 @@ def sync_states(
     except Exception as err:
         _isolate(pending, err, cause)
         raise
+    if states is None:  # every marked fill a live tensor reached is data now
+        _tensor.fills_marked[0] = False
 
 
 # Note [What a value read syncs]

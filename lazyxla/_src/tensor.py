@@ -569,13 +569,37 @@ def read(s: LazyState) -> Value:
     return v
 
 
+# Note [A state's first value is data]
+# An optimizer creates its state on its first step (`exp_avg = torch.zeros_like(p)`) and updates it
+# in place (`exp_avg.lerp_(grad, ...)`): step 1's graph computed the update from a zeros constant,
+# every later step's from device data, so a training run compiled two graphs (torch_xla's too). A
+# fill of zeros or ones (zeros, zeros_like, ones, ones_like) that a tensor held when it was
+# written in place is marked (STATE_FILL, in its node's meta); a sync then reads it as a data input
+# holding the same values (graph.Capture), so step 1's graph is step 2's: one compile. A fill that
+# is only read (`x + torch.zeros(...)`) stays a constant, which XLA can fold.
+STATE_FILL = "state fill"
+STATE_FILL_OPS = frozenset(("aten::zeros", "aten::zeros_like", "aten::ones", "aten::ones_like"))
+fills_marked = [False]  # whether a sync may meet a marked fill
+
+
+def mark_state_fill(node: Node) -> None:
+    """`node`, a tensor's value before an in-place write: mark it if it is a fill."""
+    if node.op in STATE_FILL_OPS and node.meta is None:
+        node.meta = STATE_FILL
+        fills_marked[0] = True
+
+
 def write(s: LazyState, value: Value) -> None:
     """Give a storage a new value; through a view, the base gets the scattered value."""
     base = s.base
     if base is None:
+        if s.value[0].op in STATE_FILL_OPS:  # Note [A state's first value is data]
+            mark_state_fill(s.value[0])
         s.value = value
         s.version += 1
         return
+    if base.value[0].op in STATE_FILL_OPS:
+        mark_state_fill(base.value[0])
     parents = [base.value]
     for op in s.chain[:-1]:
         parents.append(op.apply(parents[-1]))
