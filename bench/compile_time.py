@@ -4,8 +4,9 @@ same first step in a fresh process whose persistent compilation cache is warm.
 Each figure comes from a fresh process (`--child`), so nothing is cached in memory: one run with
 an empty cache directory (`xr.initialize_cache(dir)`: XLA compiles, and the executables are
 written to the directory), then one with the directory that run filled (the executables are read
-from disk). Per run: the wall time of the first two steps (AdamW's first step has its own graph,
-so a training run compiles two: record + compile + execute), the time spent compiling or loading
+from disk). Per run: the wall time of the first two steps (record + compile + execute; AdamW's
+first step creates its state, and is the same graph as the second: Note [A state's first value is
+data]), the time spent compiling or loading
 them (`CompileTime`), and torch_xla's counters `UncachedCompile` (compiles that missed the
 in-memory cache), `PersistentCacheMiss` / `PersistentCacheHit`. A steady step (min of 3, all
 cached) shows what the first steps cost beyond compiling. The machine is shared: wall times move
@@ -57,8 +58,8 @@ def child(layers: int, cache: str) -> None:
         return time.perf_counter() - t0
 
     metrics.clear_all()
-    # AdamW's first step creates its state: its graph differs from every later step's, so the
-    # first two steps compile (or load) the two graphs of a training run.
+    # AdamW's first step creates its state; the first two steps are one graph, compiled (or
+    # loaded) once.
     first = step() + step()
     compile_s = (metrics.metric_data("CompileTime") or (0, 0.0, []))[1] / 1e9
 

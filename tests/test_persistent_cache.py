@@ -32,7 +32,7 @@ xr.initialize_cache({cache!r})
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 model.to(lazyxla.device())
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
 x = torch.randn(5, 8).to(lazyxla.device())
 for _ in range(3):
     opt.zero_grad()
@@ -70,7 +70,7 @@ def _run(cache: str) -> dict:
 def _eager() -> torch.Tensor:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = torch.randn(5, 8)
     for _ in range(3):
         opt.zero_grad()
@@ -84,12 +84,13 @@ def test_a_second_process_reads_every_graph_from_the_persistent_cache(tmp_path):
     cache = str(tmp_path / "cache")
     first = _run(cache)
     assert first["uncached"] >= 1
-    assert first["miss"] >= first["uncached"] and first["hit"] == 0
+    # Every miss is a graph's (AdamW's state starts as uploaded zeros, not a program of its own).
+    assert first["miss"] == first["uncached"] and first["hit"] == 0
     assert any(os.scandir(cache))
     second = _run(cache)
     # Not in this process's memory: each graph is a compile request, served from the disk.
     assert second["uncached"] == first["uncached"]
-    assert second["miss"] == 0 and second["hit"] >= second["uncached"]
+    assert second["miss"] == 0 and second["hit"] == second["uncached"]
     # ... by each graph's key: none was lowered (traced to StableHLO) again, the trace-once
     # replay's graph too.
     assert first["lowered"] == first["uncached"] and second["lowered"] == 0

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import torch
 
 from . import (
     analysis,
@@ -226,8 +227,9 @@ def _is_state_fill(n: Node) -> bool:
 def _fill_data(n: Node) -> Node:
     """A marked fill's values as a device data leaf (Note [A state's first value is data])."""
     spec = n.specs[0]
-    make = runtime.zeros if n.op in ("aten::zeros", "aten::zeros_like") else runtime.ones
-    return device_data(make(spec.shape, spec.dtype), spec)
+    make = torch.zeros if n.op in ("aten::zeros", "aten::zeros_like") else torch.ones
+    # An upload, not jnp.zeros: that compiles a program per shape (counted as compiles)
+    return device_data(runtime.host_to_device(make(spec.shape, dtype=spec.dtype), copy=False), spec)
 
 
 class Capture:

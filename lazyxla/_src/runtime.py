@@ -232,10 +232,6 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
     return jnp.zeros(shape, jnp_dtype(dtype))
 
 
-def ones(shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
-    return jnp.ones(shape, jnp_dtype(dtype))
-
-
 # Note [Out of memory before running]
 # A graph whose outputs and temporaries cannot fit on its devices is refused when it is compiled,
 # with torch_xla's message ("Error preparing computation: Out of memory allocating N bytes."),
