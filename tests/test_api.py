@@ -174,6 +174,22 @@ def test_mark_step_and_wait_device_ops():
     torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
 
 
+def test_sync_wait_with_nothing_pending_waits_for_the_steps_dispatched_before():
+    """`sync()` dispatches without waiting; a `sync(wait=True)` that finds nothing to run waits
+    for them (torch_xla's barrier), so a loop closed by it has finished when it returns."""
+    x = torch.randn(700, 700).to(dev)
+    lazyxla.sync(wait=True)
+    ys = []
+    for _ in range(3):
+        y = x
+        for _ in range(12):
+            y = torch.tanh(y @ x)
+        ys.append(y)
+        lazyxla.sync()  # dispatched
+    lazyxla.sync(wait=True)
+    assert all(state(y).value[0].data.is_ready() for y in ys)
+
+
 def test_step_closures_run_after_the_step_without_extra_executions():
     x = torch.randn(4).to(dev)
     loss = (x * x).sum()

@@ -863,6 +863,17 @@ def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
 _FREEZES = [4]
 
 
+def live_device_arrays() -> list[jax.Array]:
+    """The device data of every live tensor (not a donated buffer, nor a host copy)."""
+    return [
+        s.value[0].data
+        for s in live_states()
+        if type(s) is not HostState  # (Note [SPMD virtual device])
+        and s.value[0].op == DEVICE_DATA
+        and not s.value[0].data.is_deleted()
+    ]
+
+
 def sync(wait: bool = False, cause: str | None = None) -> None:
     """Run the pending graph of every live tensor (`torch_xla.sync()` / `xm.mark_step()`).
     `cause`: why, for PT_XLA_DEBUG_LEVEL (default: a user's sync)."""
@@ -872,6 +883,10 @@ def sync(wait: bool = False, cause: str | None = None) -> None:
 
         sync_host_data()  # Note [SPMD virtual device]
     compiles = metrics.counter_value("UncachedCompile")
+    if wait and not pending_states(None):
+        # Nothing to run: wait for what earlier syncs dispatched, as torch_xla's sync barrier
+        # does (a loop of `sync()` closed by `sync(wait=True)` returned before its last step ran).
+        jax.block_until_ready(live_device_arrays())
     sync_states(None, wait=wait, cause=cause)
     if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:
         _FREEZES[0] -= 1

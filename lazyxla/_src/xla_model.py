@@ -35,9 +35,9 @@ from . import (
     runtime_api,
     step_closures,
 )
-from .ir import DEVICE_DATA, Node, Ref, device_data
+from .ir import Node, Ref, device_data
 from .py_utils import DataWrapper
-from .tensor import DEVICE_TYPE, HostState, is_lazy, live_states, new_tensor, read, state, write
+from .tensor import DEVICE_TYPE, is_lazy, new_tensor, read, state, write
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -168,14 +168,7 @@ analysis.ENTRY_POINTS.add(mark_step.__code__)
 def wait_device_ops(devices: Sequence[Any] = ()) -> None:
     """Block until every executed computation has finished and its results are ready."""
     del devices
-    arrays = [  # (not a donated buffer, nor a placeholder: they have no buffer to wait for)
-        s.value[0].data
-        for s in live_states()
-        if type(s) is not HostState  # (Note [SPMD virtual device])
-        and s.value[0].op == DEVICE_DATA
-        and not s.value[0].data.is_deleted()
-    ]
-    jax.block_until_ready(arrays)
+    jax.block_until_ready(graph.live_device_arrays())
     metrics.wait_for_samples()  # ExecuteTime samples still being timed (Note [ExecuteTime])
     step_closures.wait_async()
 
