@@ -238,28 +238,36 @@ def test_save_tensors_file_writes_a_dynamo_section_per_compiled_run(tmp_path):
 
 
 def test_a_line_that_keeps_compiling_new_graphs_warns_once_with_what_changed():
-    """Note [Recompiles at one line]: the 8th different graph compiled at one line warns, at
-    that line, once; a graph seen before at the line does not count."""
+    """Note [Recompiles at one line]: the 8th different graph of the same ops compiled at one
+    line warns, at that line, once; a graph seen before at the line, or one of other ops (another
+    program synced by the same helper), does not count."""
     import warnings
 
     graph.CACHE.clear()
 
+    def run(t: torch.Tensor) -> float:
+        return t.sum().item()  # the line every graph here compiles at
+
     def step(n: int) -> float:
-        return (torch.ones(n).to(dev) * 2).sum().item()  # a new length: a new graph
+        return run(torch.ones(n).to(dev) * 2)  # a new length: a new graph
+
+    def other(n: int) -> float:
+        return run(torch.ones(n + 100).to(dev).exp())
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in (1, 2, 1, 3, 4, 5, 6, 7, 2):  # 7 different graphs: no warning yet
             assert step(n) == 2 * n
+            other(n)  # other ops at the same line: 8 more graphs, another family
         assert not [w for w in caught if w.category is analysis.RecompileWarning]
         for n in (8, 9, 10):  # the 8th, then more
             assert step(n) == 2 * n
     warned = [w for w in caught if w.category is analysis.RecompileWarning]
     assert len(warned) == 1
     w = warned[0]
-    line = step.__code__.co_firstlineno + 1
+    line = run.__code__.co_firstlineno + 1
     assert (w.filename, w.lineno) == (__file__, line)
     message = str(w.message)
-    assert "compiled 8 different graphs" in message
+    assert "compiled 8 different graphs of the same ops" in message
     assert "new input shapes f32[8]{0}; no more f32[7]{0}" in message
     assert "cache_implementation" in message and "PT_XLA_DEBUG_LEVEL=1" in message

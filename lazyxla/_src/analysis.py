@@ -139,11 +139,15 @@ def _block(prefix: str, title: str, cause: str, cap: Any, extra: list[str]) -> s
 # (text generation with a dynamic KV cache), a last partial batch, a Python number baked into the
 # graph. torch_xla compiles such graphs silently (PT_XLA_DEBUG_LEVEL names each cause, if asked).
 # lazyxla warns once per Python line (the innermost frame outside lazyxla and torch when the graph
-# compiled) when that line has compiled RECOMPILE_WARN_AT different graphs, with what changed last
-# and what to do about it, as dynamo warns at its recompile_limit. Graphs at a line are counted by
-# their key's hash; eager mode's one-op graphs are not counted.
+# compiled) when that line has compiled RECOMPILE_WARN_AT different graphs of the same ops (the
+# same set of op names: the shapes or baked values changed), with what changed last and what to do
+# about it, as dynamo warns at its recompile_limit. Different programs synced at one line (a helper
+# that trains several models, a train and an eval step) have other ops and do not add up. Graphs
+# are told apart by their key's hash; eager mode's one-op graphs are not counted.
 RECOMPILE_WARN_AT = 8
-_GRAPHS_AT_SITE: dict[tuple[str, int], tuple[set[int], GraphSummary]] = {}
+# (file, line) -> ops of a family -> (the family's graph hashes, its last graph's summary)
+_GRAPHS_AT_SITE: dict[tuple[str, int], dict[frozenset, tuple[set[int], GraphSummary]]] = {}
+_WARNED_SITES: set[tuple[str, int]] = set()
 
 
 class RecompileWarning(UserWarning):
@@ -161,30 +165,31 @@ def _user_site() -> tuple[str, int] | None:
 
 
 def count_compile(cap: Any) -> None:
-    """Count a compile at its line; warn at the RECOMPILE_WARN_AT-th different graph there."""
+    """Count a compile at its line; warn at the RECOMPILE_WARN_AT-th different graph of the same
+    ops there."""
     site = _user_site()
-    if site is None:
+    if site is None or site in _WARNED_SITES:
         return
-    h = hash(cap.key)
-    seen = _GRAPHS_AT_SITE.get(site)
     summary = GraphSummary(cap)
-    if seen is None:
-        _GRAPHS_AT_SITE[site] = ({h}, summary)
-        return
-    graphs, last = seen
+    families = _GRAPHS_AT_SITE.setdefault(site, {})
+    ops = frozenset(summary.ops)
+    graphs, last = families.get(ops, (set(), None))
+    h = hash(cap.key)
     if h in graphs:
         return
     graphs.add(h)
-    _GRAPHS_AT_SITE[site] = (graphs, summary)
-    if len(graphs) != RECOMPILE_WARN_AT:
+    families[ops] = (graphs, summary)
+    if len(graphs) < RECOMPILE_WARN_AT or last is None:
         return
+    _WARNED_SITES.add(site)
     warnings.warn_explicit(
-        f"this line has compiled {len(graphs)} different graphs, each a full XLA compile "
-        f"(the last one: {summary.brief_diff(last)}). A shape that changes every step compiles "
-        "every step: pad inputs to a few fixed sizes (a last partial batch: drop_last=True), "
-        'generate text with a static KV cache (transformers\' cache_implementation="static"), '
-        "pass changing Python numbers as tensors. PT_XLA_DEBUG_LEVEL=1 prints why each graph "
-        "compiles; lazyxla.compile(max_different_graphs=N) makes more than N an error",
+        f"this line has compiled {len(graphs)} different graphs of the same ops, each a full XLA "
+        f"compile (the last one: {summary.brief_diff(last)}). A shape that changes every step "
+        "compiles every step: pad inputs to a few fixed sizes (a last partial batch: "
+        "drop_last=True), generate text with a static KV cache (transformers' "
+        'cache_implementation="static"), pass changing Python numbers as tensors. '
+        "PT_XLA_DEBUG_LEVEL=1 prints why each graph compiles; "
+        "lazyxla.compile(max_different_graphs=N) makes more than N an error",
         RecompileWarning,
         site[0],
         site[1],
