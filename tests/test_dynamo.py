@@ -557,3 +557,16 @@ def test_random_programs_with_host_values_match_eager_over_calls(seed):
         for r, o in zip(ref, out):
             torch.testing.assert_close(o.cpu(), r, msg=lambda m: f"{m}\n{src}s={s}")
         torch.testing.assert_close(a.cpu(), a_ref, msg=lambda m: f"{m}\n{src}s={s}")
+
+
+def test_dynamic_shapes_with_a_cpu_tensor_argument():
+    """`dynamic=True` with a 0-d CPU tensor argument: each new size and value computes eager's
+    result (the CPU value is read per call, the size is a symbol)."""
+
+    def f(x, s):
+        return (x * s).sum(0) + s
+
+    compiled = torch.compile(f, backend="lazyxla", dynamic=True)
+    for n in (3, 4, 5, 6):
+        x, s = torch.randn(n, 4), torch.tensor(float(n))
+        torch.testing.assert_close(compiled(x.to(dev), s).cpu(), f(x, s))
