@@ -65,6 +65,15 @@ def test_a_fill_written_in_place_is_data_and_one_only_read_is_a_constant():
     assert _data_inputs() == 2  # xd and acc's first value
     torch.testing.assert_close(acc.cpu(), x)
 
+    def masked(t: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(6, dtype=torch.float64, device=dev)
+        mask[:3] = 1  # written in place, then gone by the sync: a constant, no upload
+        return t * mask
+
+    out = masked(xd)
+    assert _data_inputs() == 1
+    torch.testing.assert_close(out.cpu(), x * torch.tensor([1.0, 1, 1, 0, 0, 0], dtype=x.dtype))
+
 
 def test_marked_fills_keep_every_reader_and_view_right():
     x = torch.arange(6.0, dtype=torch.float64)

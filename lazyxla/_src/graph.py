@@ -39,14 +39,13 @@ from . import (
     sharding,
     step_closures,
 )
-from . import tensor as _tensor
 from .config import FLAGS
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
 from .sharding import is_spmd as spmd
 from .sharding import output_sharding
-from .tensor import STATE_FILL, HostState, LazyState, bind_data, live_states, read
+from .tensor import HostState, LazyState, bind_data, live_states, read
 
 # Note [Memory maps of executables]
 # Every kernel XLA:CPU compiles is mapped into the process on its own (~15 memory maps for a
@@ -220,12 +219,8 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
 # parameters' updates, in the same order in both steps.
 
 
-def _is_state_fill(n: Node) -> bool:
-    return n.meta is STATE_FILL
-
-
 def _fill_data(n: Node) -> Node:
-    """A marked fill's values as a device data leaf (Note [A state's first value is data])."""
+    """A state's first fill as a device data leaf (Note [A state's first value is data])."""
     spec = n.specs[0]
     make = torch.zeros if n.op in ("aten::zeros", "aten::zeros_like") else torch.ones
     # An upload, not jnp.zeros: that compiles a program per shape (counted as compiles)
@@ -252,15 +247,18 @@ class Capture:
             self.bindings.append((s, r))
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
-        # Note [A state's first value is data] in tensor.py: a marked fill is a data leaf.
-        fills = _tensor.fills_marked[0] and not spmd()
-        nodes = post_order([n for n, _ in root_values], _is_state_fill if fills else None)
+        # Note [A state's first value is data] in tensor.py: such a fill is a data leaf.
+        fills = {id(s.fill) for s in states if s.fill is not None}
+        if fills and spmd():
+            fills = set()
+        stop = (lambda n: id(n) in fills) if fills else None
+        nodes = post_order([n for n, _ in root_values], stop)
         pos: dict[int, int] = {}
         parts: list[Any] = []
         data: list[jax.Array] = []
         scalars: dict[np.dtype, list[Any]] = {}
         scalar_order: list[np.dtype] = []
-        self.fill_data: dict[int, Node] = {}  # a marked fill's id -> its device data node
+        self.fill_data: dict[int, Node] = {}  # a state's first fill's id -> its data node
         for i, n in enumerate(nodes):
             pos[id(n)] = i
             if n.op == DEVICE_DATA:
@@ -271,7 +269,7 @@ class Capture:
                 scalars.setdefault(dt, []).append(n.data)
                 scalar_order.append(dt)
                 parts.append(n.desc)
-            elif fills and n.meta is STATE_FILL:
+            elif fills and id(n) in fills:
                 d = self.fill_data[id(n)] = _fill_data(n)
                 data.append(d.data)
                 parts.append(d.desc)
@@ -467,8 +465,6 @@ def sync_states(
     except Exception as err:
         _isolate(pending, err, cause)
         raise
-    if states is None:  # every marked fill a live tensor reached is data now
-        _tensor.fills_marked[0] = False
 
 
 # Note [What a value read syncs]

@@ -46,7 +46,7 @@ from .meta import (
     scalar_class,
 )
 from .ops.registry import Lowering
-from .tensor import STATE_FILL_OPS, check_device, mark_state_fill, new_tensor, read, storage_nbytes
+from .tensor import STATE_FILL_OPS, check_device, new_tensor, read, storage_nbytes
 from .writes import _METADATA_INPLACE, foreach_aliases
 from .writes import inplace_kernel as _dispatch_inplace_kernel
 
@@ -478,7 +478,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         node = plan.node(vals, items, states)
         for i, ts in enumerate(targets):  # `write` to a base
             if ts.value[0].op in STATE_FILL_OPS:  # Note [A state's first value is data]
-                mark_state_fill(ts.value[0])
+                ts.fill = ts.value[0]
             ts.value = (node, i)
             ts.version += 1
         _tracing[0] += _now() - t0  # `_trace`, inlined

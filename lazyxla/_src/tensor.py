@@ -98,6 +98,7 @@ class LazyState:
         "seq",
         "sharding",
         "ir_data",
+        "fill",
         "__weakref__",
     )
 
@@ -114,6 +115,7 @@ class LazyState:
         self.version = 0
         self.seen = 0
         self.sharding: Any = None  # a sharding.ShardingAnnotation set by mark_sharding
+        self.fill: Node | None = None  # Note [A state's first value is data]
         _live[seq] = _weakref(self)
         if len(_live) > _prune_at[0]:
             _prune()
@@ -573,20 +575,13 @@ def read(s: LazyState) -> Value:
 # An optimizer creates its state on its first step (`exp_avg = torch.zeros_like(p)`) and updates it
 # in place (`exp_avg.lerp_(grad, ...)`): step 1's graph computed the update from a zeros constant,
 # every later step's from device data, so a training run compiled two graphs (torch_xla's too). A
-# fill of zeros or ones (zeros, zeros_like, ones, ones_like) that a tensor held when it was
-# written in place is marked (STATE_FILL, in its node's meta); a sync then reads it as a data input
-# holding the same values (graph.Capture), so step 1's graph is step 2's: one compile. A fill that
-# is only read (`x + torch.zeros(...)`) stays a constant, which XLA can fold.
-STATE_FILL = "state fill"
+# tensor written in place while its value is a fill of zeros or ones (zeros, zeros_like, ones,
+# ones_like) keeps that fill's node (`LazyState.fill`, until a sync binds it data); a sync of that
+# tensor reads the fill as a data input holding the same values (graph.Capture), so step 1's graph
+# is step 2's: one compile. A fill that is only read (`x + torch.zeros(...)`), and one whose
+# tensor is gone by the sync (a mask filled in place and used within the step), stays a constant,
+# which XLA can fold and which costs no upload.
 STATE_FILL_OPS = frozenset(("aten::zeros", "aten::zeros_like", "aten::ones", "aten::ones_like"))
-fills_marked = [False]  # whether a sync may meet a marked fill
-
-
-def mark_state_fill(node: Node) -> None:
-    """`node`, a tensor's value before an in-place write: mark it if it is a fill."""
-    if node.op in STATE_FILL_OPS and node.meta is None:
-        node.meta = STATE_FILL
-        fills_marked[0] = True
 
 
 def write(s: LazyState, value: Value) -> None:
@@ -594,12 +589,12 @@ def write(s: LazyState, value: Value) -> None:
     base = s.base
     if base is None:
         if s.value[0].op in STATE_FILL_OPS:  # Note [A state's first value is data]
-            mark_state_fill(s.value[0])
+            s.fill = s.value[0]
         s.value = value
         s.version += 1
         return
     if base.value[0].op in STATE_FILL_OPS:
-        mark_state_fill(base.value[0])
+        base.fill = base.value[0]
     parents = [base.value]
     for op in s.chain[:-1]:
         parents.append(op.apply(parents[-1]))
@@ -623,3 +618,4 @@ def write(s: LazyState, value: Value) -> None:
 def bind_data(s: LazyState, data_node: Node) -> None:
     """After execution: the storage's value is device data (a view keeps its version)."""
     s.value = (data_node, 0)
+    s.fill = None
