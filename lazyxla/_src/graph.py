@@ -248,7 +248,7 @@ class Capture:
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
         # Note [A state's first value is data] in tensor.py: such a fill is a data leaf.
-        fills = {id(s.fill) for s in states if s.fill is not None}
+        fills = {id(f) for f in (getattr(s, "fill", None) for s in states) if f is not None}
         if fills and spmd():
             fills = set()
         stop = (lambda n: id(n) in fills) if fills else None
@@ -572,13 +572,14 @@ def _sync_with_pending(keep: list[LazyState], cause: str) -> None:
 class _Cut:
     """A value under a pending move graph that a read sync computes (no tensor holds it)."""
 
-    __slots__ = ("value", "base", "sharding", "failed")
+    __slots__ = ("value", "base", "sharding", "failed", "fill")
 
     def __init__(self, value: tuple[Node, int]) -> None:
         self.value = value
         self.base = None
         self.sharding = None
         self.failed: BaseException | None = None
+        self.fill = None  # (a state's, Note [A state's first value is data])
 
 
 # Ops that only move or copy values: a pending tensor made of these alone is left pending by a
