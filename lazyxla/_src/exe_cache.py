@@ -40,6 +40,7 @@ import warnings
 from typing import Any
 
 import jax
+import torch
 
 from . import ir
 from .config import _FLAGS, FLAGS
@@ -74,24 +75,18 @@ _LEAVES = frozenset((ir.DEVICE_DATA, ir.SCALAR, "xla::layout_of"))
 _DYNAMO = "xla::dynamo_graph"
 
 
-def _plain_types() -> tuple[type, ...]:
-    import torch
-
-    return (
-        type(None),
-        bool,
-        int,
-        str,
-        bytes,
-        torch.dtype,
-        torch.memory_format,
-        torch.layout,
-        torch.device,
-        type(Ellipsis),
-    )
-
-
-_PLAIN = _plain_types()
+_PLAIN = (
+    type(None),
+    bool,
+    int,
+    str,
+    bytes,
+    torch.dtype,
+    torch.memory_format,
+    torch.layout,
+    torch.device,
+    type(Ellipsis),
+)
 _UNSTABLE = object()
 
 
@@ -148,7 +143,7 @@ class _Descriptors:
 
     def _build(self, i: int) -> Any:
         key = self._key(i)
-        if key[0] in ("dynamo_graph",):  # a trace's structural id (dynamo.Trace)
+        if key[0] == "dynamo_graph":  # a trace's structural id (dynamo.Trace)
             return self._trace_form(key)
         if len(key) != 6:
             return _UNSTABLE
@@ -173,8 +168,14 @@ class _Descriptors:
         interned ids (`ir.structure_key`)."""
         if len(key) != 3:
             return _UNSTABLE
+        out = self.parts(key[1])
+        return _UNSTABLE if out is _UNSTABLE else repr(("dynamo_graph", out, key[2]))
+
+    def parts(self, parts: tuple) -> Any:
+        """A graph key's parts (`Capture.key[0]`, `ir.structure_key`) in stable form: each a
+        descriptor, a descriptor with its input positions, or a leaf's (op, specs)."""
         out = []
-        for p in key[1]:
+        for p in parts:
             if type(p) is int:
                 f = self.form(p)
             elif type(p[0]) is int:  # (descriptor, input positions)
@@ -185,7 +186,7 @@ class _Descriptors:
             if f is _UNSTABLE:
                 return _UNSTABLE
             out.append(f)
-        return repr(("dynamo_graph", tuple(out), key[2]))
+        return tuple(out)
 
 
 _descriptors = _Descriptors()
@@ -241,17 +242,9 @@ def digest(cap: Any) -> str | None:
 
     if is_spmd() or cap.replicas or any(s is not None for s in cap.out_shardings):
         return None
-    forms = _descriptors
-    parts = []
-    for p in cap.key[0]:
-        if type(p) is int:
-            f = forms.form(p)
-        else:
-            f = forms.form(p[0])
-            f = f if f is _UNSTABLE else (f, p[1])
-        if f is _UNSTABLE:
-            return None
-        parts.append(f)
+    parts = _descriptors.parts(cap.key[0])
+    if parts is _UNSTABLE:
+        return None
     flags = tuple((n, getattr(FLAGS, n)) for n in _FLAGS if n not in _REPORTING)
     env = tuple(
         sorted(
