@@ -449,6 +449,10 @@ def sync_states(
 
         pending = manual.without_open_regions(pending)
     if not pending:
+        if wait and states is None:
+            # Nothing to run: wait for what earlier syncs dispatched, as torch_xla's sync barrier
+            # does (a loop of `sync()` closed by `sync(wait=True)` returned before its last step).
+            jax.block_until_ready(live_device_arrays())
         return
     if not _allow_execution:
         raise ExecutionNotAllowed(
@@ -880,10 +884,6 @@ def sync(wait: bool = False, cause: str | None = None) -> None:
 
         sync_host_data()  # Note [SPMD virtual device]
     compiles = metrics.counter_value("UncachedCompile")
-    if wait and not pending_states(None):
-        # Nothing to run: wait for what earlier syncs dispatched, as torch_xla's sync barrier
-        # does (a loop of `sync()` closed by `sync(wait=True)` returned before its last step ran).
-        jax.block_until_ready(live_device_arrays())
     sync_states(None, wait=wait, cause=cause)
     if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:
         _FREEZES[0] -= 1
