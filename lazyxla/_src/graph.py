@@ -45,7 +45,7 @@ from .lower import Program
 from .runtime import jnp_dtype
 from .sharding import is_spmd as spmd
 from .sharding import output_sharding
-from .tensor import HostState, LazyState, bind_data, live_states, read
+from .tensor import STATE_FILL_OPS, HostState, LazyState, bind_data, live_states, read
 
 # Note [Memory maps of executables]
 # Every kernel XLA:CPU compiles is mapped into the process on its own (~15 memory maps for a
@@ -222,9 +222,9 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
 def _fill_data(n: Node) -> Node:
     """A state's first fill as a device data leaf (Note [A state's first value is data])."""
     spec = n.specs[0]
-    make = torch.zeros if n.op in ("aten::zeros", "aten::zeros_like") else torch.ones
+    values = torch.full(spec.shape, STATE_FILL_OPS[n.op], dtype=spec.dtype)
     # An upload, not jnp.zeros: that compiles a program per shape (counted as compiles)
-    return device_data(runtime.host_to_device(make(spec.shape, dtype=spec.dtype), copy=False), spec)
+    return device_data(runtime.host_to_device(values, copy=False), spec)
 
 
 class Capture:

@@ -581,7 +581,8 @@ def read(s: LazyState) -> Value:
 # is step 2's: one compile. A fill that is only read (`x + torch.zeros(...)`), and one whose
 # tensor is gone by the sync (a mask filled in place and used within the step), stays a constant,
 # which XLA can fold and which costs no upload.
-STATE_FILL_OPS = frozenset(("aten::zeros", "aten::zeros_like", "aten::ones", "aten::ones_like"))
+# The fills a state can start from, and the value each holds.
+STATE_FILL_OPS = {"aten::zeros": 0, "aten::zeros_like": 0, "aten::ones": 1, "aten::ones_like": 1}
 
 
 def write(s: LazyState, value: Value) -> None:
