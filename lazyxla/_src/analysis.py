@@ -154,21 +154,14 @@ class RecompileWarning(UserWarning):
     """The same line of a program keeps compiling new graphs (Note [Recompiles at one line])."""
 
 
-def _user_site() -> tuple[str, int] | None:
-    f: Any = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(ir._SKIP_PREFIXES) and not fn.startswith("<frozen"):
-            return fn, f.f_lineno
-        f = f.f_back
-    return None
-
-
 def count_compile(cap: Any) -> None:
     """Count a compile at its line; warn at the RECOMPILE_WARN_AT-th different graph of the same
     ops there."""
-    site = _user_site()
-    if site is None or site in _WARNED_SITES:
+    f = ir.user_frame(sys._getframe(1))
+    if f is None:
+        return
+    site = (f.f_code.co_filename, f.f_lineno)
+    if site in _WARNED_SITES:
         return
     summary = GraphSummary(cap)
     families = _GRAPHS_AT_SITE.setdefault(site, {})

@@ -289,15 +289,20 @@ _SKIP_PREFIXES = (
 )
 
 
-def _user_frame() -> str | None:
-    """`file:line (function)` of the innermost frame outside lazyxla and torch."""
-    f = sys._getframe(2)
+def user_frame(f: Any) -> Any:
+    """The innermost frame from `f` outwards outside lazyxla and torch, or None."""
     while f is not None:
         fn = f.f_code.co_filename
         if not fn.startswith(_SKIP_PREFIXES) and not fn.startswith("<frozen"):
-            return f"{fn}:{f.f_lineno} ({f.f_code.co_name})"
+            return f
         f = f.f_back
     return None
+
+
+def _user_frame() -> str | None:
+    """`file:line (function)` of the innermost frame outside lazyxla and torch."""
+    f = user_frame(sys._getframe(2))
+    return None if f is None else f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
 
 
 # --- text form, in the layout of torch_xla's _get_xla_tensors_text -------------------------------
