@@ -66,6 +66,9 @@ def _skip_lazyxla_frames() -> None:
 _skip_lazyxla_frames()
 
 
+_ARG, _CONST, _HOST, _RNG = (object() for _ in range(4))  # a leaf's feed (Trace.feeds)
+
+
 class _Leaf:
     """How a traced graph's leaf is fed on replay."""
 
@@ -199,6 +202,18 @@ class Trace:
             else:
                 n.meta = graph.KEEP  # replayed every call: never donate its buffer
                 self.leaves.append(_Leaf("const", node=n))
+        # How replay feeds each leaf: (kind, argument index | (node, 0) | host index | leaf)
+        self.feeds: list[tuple[object, Any]] = [
+            (_ARG, leaf.arg)
+            if leaf.kind == "arg"
+            else (_CONST, (leaf.node, 0))
+            if leaf.kind == "const"
+            else (_HOST, leaf.arg)
+            if leaf.kind == "host"
+            else (_RNG, leaf)
+            for leaf in self.leaves
+        ]
+        self.arg_leaves = [leaf.arg for leaf in self.leaves if leaf.kind == "arg"]
         self.out_specs = tuple(n.specs[k] for n, k in roots)
         self.program = Program(
             nodes, pos, [(pos[id(n)], k) for n, k in roots], leaf_ids={id(n) for n in leaves}
@@ -211,13 +226,11 @@ class Trace:
         # A replay node's static arguments: one reference per leaf, then the graph's id.
         self.node_args = (*(Ref(i) for i in range(len(self.leaves))), self.id)
 
-    def replay(self, args: Sequence[Any], sync: bool) -> Any:
+    def replay(self, args: Sequence[Any], sync: bool, states: list[Any]) -> Any:
+        """Splice this trace into the lazy IR as one node over `args` (whose lazy states,
+        None for other values, are `states`); returns the FX graph's outputs."""
         if sync and not self.collectives:  # (their ordering token is an input: one graph)
-            pending = [
-                s
-                for s in (state(args[leaf.arg]) for leaf in self.leaves if leaf.kind == "arg")
-                if s.is_pending
-            ]
+            pending = [s for s in (states[i] for i in self.arg_leaves) if s.is_pending]
             if pending:
                 # As torch_xla's bridge: pending inputs run first, in their own graph, so the
                 # compiled program is the same whatever produced its inputs.
@@ -226,24 +239,27 @@ class Trace:
             _mark_donors(self.donors, args)  # See Note [Buffer donor config]
         if self.collectives:
             args = [*args, collectives.current_token()]
+            states = [*states, state(args[-1])]
         host_inputs, host_env = self.host.run(args) if self.host is not None else ((), None)
         # torch_xla's timers of a cached graph's run: its input data, then its output tensors
         t0 = time.perf_counter_ns()
         inputs: list[tuple[Node, int]] = []
         offset_pairs: dict[int, tuple[int, int]] = {}
-        for leaf in self.leaves:
-            if leaf.kind == "arg":
-                inputs.append(read(state(args[leaf.arg])))
-            elif leaf.kind == "const":
-                inputs.append((leaf.node, 0))
-            elif leaf.kind == "host":
-                inputs.append(host_inputs[leaf.arg])
+        for kind, v in self.feeds:
+            if kind is _ARG:  # `read`, inlined: a base, or a view its base has not moved under
+                s = states[v]
+                b = s.base
+                inputs.append(s.value if b is None or s.seen == b.version else read(s))
+            elif kind is _CONST:
+                inputs.append(v)
+            elif kind is _HOST:
+                inputs.append(host_inputs[v])
             else:  # a random op's (seed, offset): fresh every call
-                i = leaf.node.meta[1]
+                i = v.node.meta[1]
                 if i not in offset_pairs:
                     offset_pairs[i] = random_state.next_offset()
                 seed, off = offset_pairs[i]
-                inputs.append((scalar(seed if leaf.kind == "rng_seed" else off, torch.int64), 0))
+                inputs.append((scalar(seed if v.kind == "rng_seed" else off, torch.int64), 0))
         node = Node(
             "xla::dynamo_graph", self.rule, tuple(inputs), self.node_args, (), self.out_specs
         )
@@ -258,17 +274,16 @@ class Trace:
             node.meta = collectives.HOLDS_COLLECTIVES
             collectives.swap_token(outs[self.token_root])
         for arg_index, root in self.mutations:
-            target = args[arg_index]
-            write(state(target), (node, root))
+            write(states[arg_index], (node, root))
         if sync and self.n_roots:
             # The written inputs too: left pending, each would run again, alone, before the next
             # call (a static KV cache: one more execution per token).
-            states = [state(o) for o in outs.values()]
+            written = [state(o) for o in outs.values()]
             for arg_index, _ in self.mutations:
-                st = state(args[arg_index])
-                states.append(st.base or st)  # (a view's write is its base's new value)
+                st = states[arg_index]
+                written.append(st.base or st)  # (a view's write is its base's new value)
             with alias_with_buffer_donor_config(True):  # as torch_xla's bridge compiles
-                graph.sync_states(states, cause=analysis.DYNAMO_EXECUTE)
+                graph.sync_states(written, cause=analysis.DYNAMO_EXECUTE)
         for i, root in self.host_writes:
             args[i].copy_(outs[root].cpu())
         result = []
@@ -310,21 +325,25 @@ class CompiledGraph:
         self.partitioned: torch.fx.GraphModule | None = None
 
     @staticmethod
-    def signature(args: Sequence[Any]) -> tuple:
+    def signature(args: Sequence[Any], states: list[Any] | None = None) -> tuple:
         """What a trace depends on: each lazy tensor's spec (shape, dtype) and sharding
         annotation, each other tensor's shape, dtype and device, each other value itself. A lazy
         tensor's state holds its spec: reading it costs a third of building the shape tuple and
-        device object (~100 args per call of a GPT-2 step's graphs)."""
+        device object (~100 args per call of a GPT-2 step's graphs). `states` receives each
+        argument's lazy state (None for anything else), for the replay to read."""
         sig = []
         for a in args:
             s = _lazy_state(a) if isinstance(a, torch.Tensor) else _NOT_LAZY
             if s is _NOT_LAZY:
                 sig.append(a)
+                s = None
             elif s is not None:
                 ann = s.sharding
                 sig.append((s.spec, None if ann is None else getattr(ann, "named", None)))
             else:
                 sig.append((tuple(a.shape), a.dtype, a.device.type))
+            if states is not None:
+                states.append(s)
         return tuple(sig)
 
     def __call__(self, *args: Any) -> Any:
@@ -332,7 +351,8 @@ class CompiledGraph:
             out = self.partitioned(*args)
             return list(out) if isinstance(out, (list, tuple)) else [out]
         args = list(args)
-        key = self.signature(args)
+        states: list[Any] = []
+        key = self.signature(args, states)
         tr = self.traces.get(key)
         if tr is None:
             metrics.counter_inc("DynamoExtractCompiledGraph")
@@ -342,7 +362,7 @@ class CompiledGraph:
                 unsupported = {e.op} if e.node is None else {e.op, e.node}
                 self.partitioned = partition_for_cpu_fallback(self.gm, unsupported, self.sync)
                 return self(*args)
-        return tr.replay(args, self.sync)
+        return tr.replay(args, self.sync, states)
 
 
 def _has_lowering(op: Any) -> bool:
