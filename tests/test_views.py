@@ -23,6 +23,16 @@ def _run(fn, *inputs):
     out_l = fn(*lz)
     assert_same(out_l, out_c, exact=True)
     assert_same(lz, cpu, exact=True)
+    # and eager's layouts: strides, offsets, and which results share a storage
+    for a, b in zip([*lz, *out_l], [*cpu, *out_c]):
+        assert (a.shape, a.stride(), a.storage_offset()) == (
+            b.shape,
+            b.stride(),
+            b.storage_offset(),
+        )
+    roots_l = [t.untyped_storage().data_ptr() for t in [*lz, *out_l]]
+    roots_c = [t.untyped_storage().data_ptr() for t in [*cpu, *out_c]]
+    assert [roots_l.index(r) for r in roots_l] == [roots_c.index(r) for r in roots_c]
 
 
 def _select_add(x):
@@ -173,6 +183,40 @@ def _clone_independent(x):
     return x, c
 
 
+def _transpose_inplace_alias(x):
+    # transpose_ changes the tensor's layout, not its storage: aliases still see each other
+    flat = x.view(-1)
+    x.transpose_(0, 1)
+    flat.mul_(2)
+    x[0].add_(100)
+    return x, flat
+
+
+def _t_inplace_of_view(x):
+    y = x[1:]
+    y.t_()
+    y.sub_(1)
+    return x, y
+
+
+def _unsqueeze_squeeze_inplace(x):
+    y = x[:, 1:]
+    y.unsqueeze_(1)
+    y[2].mul_(3)
+    y.squeeze_(1)
+    y[0].add_(7)
+    return x, y
+
+
+def _swapdims_inplace(x):
+    y = x.view(3, 2, 2)
+    y.swapdims_(0, 2)
+    y[1].neg_()
+    y.swapaxes_(1, 0)
+    y[0].add_(0.5)
+    return x, y
+
+
 CASES = [
     _select_add,
     _t_mul,
@@ -199,6 +243,10 @@ CASES = [
     _out_variant,
     _detach_alias,
     _clone_independent,
+    _transpose_inplace_alias,
+    _t_inplace_of_view,
+    _unsqueeze_squeeze_inplace,
+    _swapdims_inplace,
 ]
 
 

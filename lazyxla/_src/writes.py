@@ -281,11 +281,9 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         if check_overlap:
             _check_overlap(vals, specs, writes, overlap_ok)
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
-            if functional is _AS_STRIDED:  # a view of the root's storage (view_kernels.py)
-                out = _AS_STRIDED(*vals)
-            else:
-                _, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg)
-            vals[writes[0]].data = out
+            # as a view of its own storage, with eager's strides (view_kernels.py), so it stays
+            # an alias of every other view of that storage
+            vals[writes[0]].data = functional(*vals)
             return
         # The results are written straight from the node's outputs: no lazy tensor is made for
         # a value only written into another (Adam's foreach ops: 1/4 of their recording time).

@@ -38,7 +38,6 @@ LAYOUT_DIFFERS: dict[str, str] = {
     "linalg.eig": _COLUMN_MAJOR,
     "linalg.lstsq": _COLUMN_MAJOR,
     "linalg.lstsq.grad_oriented": _COLUMN_MAJOR,
-    "rot90": "eager returns a transposed flip (strides (5, 25, 1)); lazyxla a dense result",
 }
 
 
