@@ -204,7 +204,6 @@ def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok:
                 raise RuntimeError(_PARTIAL_OVERLAP)
 
 
-_AS_STRIDED = torch.ops.aten.as_strided.default
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _METADATA_INPLACE = frozenset(
     {"squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_"}
