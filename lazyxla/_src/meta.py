@@ -11,11 +11,13 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import _meta_registrations
 from torch._ops import OpOverload
 
 from . import runtime
@@ -562,12 +564,39 @@ def _split_args(
     return args, kwargs
 
 
+# Note [Meta kernels see a CPU]
+# Eager CPU is lazyxla's oracle for layouts too, but a few of PyTorch's meta kernels choose their
+# output strides by the device they guess a meta tensor stands for (`device_hint`), and a plain
+# meta tensor is guessed to be a CUDA one: `_linalg_svd` then made Vh row-major (eager CPU's is
+# column-major), `linalg_eig` its vectors, the FFT kernels theirs in cuFFT's order (`rfftn` of a
+# (5, 6, 7) tensor: strides (6, 1, 30), eager's (24, 4, 1)), and a pooling kernel dropped
+# channels_last. While lazyxla runs a meta kernel, a meta tensor's hint is "cpu"; everyone
+# else's calls (FakeTensor, inductor) see PyTorch's own function unchanged.
+_meta_hint = threading.local()
+_torch_device_hint = _meta_registrations.device_hint
+
+
+def _device_hint(tensor: Any) -> str:
+    if getattr(_meta_hint, "cpu", False) and getattr(tensor, "device", None) == _META_DEVICE:
+        return "cpu"
+    return _torch_device_hint(tensor)
+
+
+_META_DEVICE = torch.device("meta")
+_meta_registrations.device_hint = _device_hint
+
+
 def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
     args, kwargs = _split_args(specs, vals, _to_meta)
     rule = META_RULES.get(op)
-    if rule is not None:
-        return rule(*args, **kwargs)
-    return _run_meta(_callable(op, specs, vals), args, kwargs)
+    outer = getattr(_meta_hint, "cpu", False)
+    _meta_hint.cpu = True  # Note [Meta kernels see a CPU]
+    try:
+        if rule is not None:
+            return rule(*args, **kwargs)
+        return _run_meta(_callable(op, specs, vals), args, kwargs)
+    finally:
+        _meta_hint.cpu = outer
 
 
 def _callable(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:

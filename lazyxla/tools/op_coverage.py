@@ -40,6 +40,7 @@ import torch
 
 import lazyxla
 from lazyxla._src import metrics
+from lazyxla._src.writes import non_overlapping_and_dense
 
 DEFAULT_SAMPLES = 2
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "op_coverage.md")
@@ -123,6 +124,20 @@ UNDEFINED_VALUES: dict[str, str] = {
             "empty_permuted",
         )
     },
+}
+
+# Entries whose outputs' strides differ from eager's, recorded lazily and compiled alike (their
+# values are compared as every entry's are; every other entry's dense outputs keep eager's
+# strides, `compare_layouts`).
+_COLUMN_MAJOR = (
+    "LAPACK's column-major result; the op has no meta kernel to read eager's strides from"
+)
+LAYOUT_DIFFERS: dict[str, str] = {
+    "argwhere": "a data-dependent shape: the CPU fallback's result is uploaded contiguous, "
+    "eager's nonzero is column-major",
+    "geqrf": _COLUMN_MAJOR,
+    "linalg.lstsq": _COLUMN_MAJOR,
+    "linalg.lstsq.grad_oriented": _COLUMN_MAJOR,
 }
 
 # Arguments that must stay on the CPU (the op requires it).
@@ -567,6 +582,18 @@ def _compare(
             torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True, check_device=False)
 
 
+def compare_layouts(actual: Any, expected: Any) -> None:
+    """A dense output keeps eager's strides (a transposed result, channels_last); strides of
+    size-1 dimensions are free, and a strided slice may come back dense."""
+    for a, e in zip(_tensors(actual), _tensors(expected)):
+        if e.numel() <= 1 or not non_overlapping_and_dense(e):
+            continue
+        sa = [st for n, st in zip(a.shape, a.stride()) if n > 1]
+        se = [st for n, st in zip(e.shape, e.stride()) if n > 1]
+        if sa != se:
+            raise AssertionError(f"strides {tuple(a.stride())}, eager's {tuple(e.stride())}")
+
+
 def _fallbacks() -> dict[str, int]:
     return {
         n: metrics.counter_value(n) or 0
@@ -721,6 +748,11 @@ def _check_forward(
                     _no_worse_than_eager(actual_cpu, expected, wide[1], tol, key)
             except Exception as e:
                 return FAILS, f"{where}: {_short(e)}", fell
+            if key not in LAYOUT_DIFFERS:
+                try:
+                    compare_layouts(actual_cpu, expected)
+                except AssertionError as e:
+                    return FAILS, f"{where}: {_short(e)}", fell
             try:  # in-place ops: the mutated inputs must match too
                 try:
                     _compare(_tensors(inputs_cpu), _tensors(cpu_s), tol, values)

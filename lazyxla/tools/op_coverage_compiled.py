@@ -19,26 +19,13 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from typing import Any
 
 import torch
 
-from lazyxla._src.writes import non_overlapping_and_dense
 from lazyxla.tools import op_coverage as oc
 
 # Entries not run through the backend, with the reason (none today; a failure is fixed or listed).
 COMPILE_SKIPS: dict[str, str] = {}
-# Entries whose outputs' strides differ from eager's, recorded lazily and compiled alike (their
-# values are compared as every entry's are).
-_COLUMN_MAJOR = (
-    "LAPACK's column-major result; the op has no meta kernel to read eager's strides from"
-)
-LAYOUT_DIFFERS: dict[str, str] = {
-    "geqrf": _COLUMN_MAJOR,
-    "linalg.eig": _COLUMN_MAJOR,
-    "linalg.lstsq": _COLUMN_MAJOR,
-    "linalg.lstsq.grad_oriented": _COLUMN_MAJOR,
-}
 
 
 def _dtype(op: object) -> torch.dtype | None:
@@ -75,8 +62,8 @@ def check(key: str) -> str | None:
                     actual = oc._to_cpu(compiled(lazy_s[0], *lazy_s[1], **lazy_s[2]))
                     inputs = oc._to_cpu(lazy_s)
                     _compare(op, key, s, dtype, actual, expected, tol)
-                    if key not in LAYOUT_DIFFERS:
-                        _compare_layouts(actual, expected)
+                    if key not in oc.LAYOUT_DIFFERS:
+                        oc.compare_layouts(actual, expected)
                     _compare_inputs(op, s, dtype, inputs, cpu_s, tol)
                 except Exception as e:
                     return f"{call}: {oc._short(e)}"
@@ -130,18 +117,6 @@ def _compare(op, key, s, dtype, actual, expected, tol) -> None:
         if dtype not in oc._WIDER:
             raise
         oc._no_worse_than_eager(actual, expected, oc._rerun_wide(op, s, dtype)[1], tol, key)
-
-
-def _compare_layouts(actual: Any, expected: Any) -> None:
-    """A dense output keeps eager's strides (a transposed result, channels_last); strides of
-    size-1 dimensions are free, and a strided slice may come back dense."""
-    for a, e in zip(oc._tensors(actual), oc._tensors(expected)):
-        if e.numel() <= 1 or not non_overlapping_and_dense(e):
-            continue
-        sa = [st for n, st in zip(a.shape, a.stride()) if n > 1]
-        se = [st for n, st in zip(e.shape, e.stride()) if n > 1]
-        if sa != se:
-            raise AssertionError(f"strides {tuple(a.stride())}, eager's {tuple(e.stride())}")
 
 
 def _compare_inputs(op, s, dtype, inputs, cpu_s, tol) -> None:
