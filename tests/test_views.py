@@ -9,6 +9,7 @@ import torch
 from util import DEV, assert_same, leaf, to_cpu, to_lazy
 
 import lazyxla
+from lazyxla.debug import metrics
 
 
 def _x(*shape: int) -> torch.Tensor:
@@ -217,6 +218,38 @@ def _swapdims_inplace(x):
     return x, y
 
 
+def _set_source_alias(x):
+    # set_ makes the tensor share the source's storage, shape, strides and offset
+    y = torch.zeros(2, device=x.device)
+    y.set_(x[1:].t())
+    y.add_(1)
+    x[0].mul_(2)
+    return x, y
+
+
+def _resize_shrink_alias(x):
+    flat = x.view(-1)
+    x.resize_(2, 5)  # a view of its own storage, still aliasing `flat`
+    x.add_(1)
+    flat[:3].neg_()
+    return x, flat
+
+
+def _resize_transposed(x):
+    # the storage is read in storage order, not the transposed tensor's logical order
+    y = x.t()
+    y.resize_(2, 4)
+    y.mul_(3)
+    return x, y
+
+
+def _resize_view_offset(x):
+    v = x[1]  # offset 4 in x's storage
+    v.resize_(2, 3)  # reaches into the next row
+    v.sub_(7)
+    return x, v
+
+
 CASES = [
     _select_add,
     _t_mul,
@@ -247,6 +280,10 @@ CASES = [
     _t_inplace_of_view,
     _unsqueeze_squeeze_inplace,
     _swapdims_inplace,
+    _set_source_alias,
+    _resize_shrink_alias,
+    _resize_transposed,
+    _resize_view_offset,
 ]
 
 
@@ -411,3 +448,25 @@ def test_as_strided_scatter_of_a_strided_input_addresses_its_storage():
         torch.as_strided_scatter(
             torch.zeros(4, device=DEV), torch.ones(2, device=DEV), (2,), (1,), 3
         )
+
+
+def test_resize_past_the_storage_keeps_its_elements():
+    """Growing past the storage: the old elements in storage order, then zeros (eager's are
+    uninitialized, so only the old ones are compared)."""
+    for dev in ("cpu", DEV):
+        x = _x(3, 4).to(dev).t()
+        x.resize_(5, 4)
+        got = x.cpu().reshape(-1)[:12]
+        assert torch.equal(got, _x(3, 4).reshape(-1)), dev
+    y = _x(2, 2).to(DEV)
+    y.resize_(3, 3)
+    assert torch.equal(y.cpu().reshape(-1)[4:], torch.zeros(5))
+
+
+def test_set_errors_and_empty_as_eager():
+    x = to_lazy(_x(2, 3))
+    with pytest.raises(RuntimeError, match="Could not set tensor of type long int to a tensor"):
+        x.set_(to_lazy(torch.arange(3)))
+    x.set_()
+    assert x.shape == (0,) and x.untyped_storage().nbytes() == 0
+    assert not [k for k in metrics.counter_names() if k.startswith("aten::set_")]

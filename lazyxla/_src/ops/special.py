@@ -9,7 +9,15 @@ import torch
 from .. import error_messages, fallback, metrics, runtime
 from ..dispatch import register_kernel, traced
 from ..ir import Node, TensorSpec
-from ..tensor import DEVICE_TYPE, check_device, new_tensor, read, state, write
+from ..tensor import (
+    DEVICE_TYPE,
+    check_device,
+    contiguous_strides,
+    new_tensor,
+    read,
+    state,
+    write,
+)
 from ..transfer import download, upload
 from ..writes import cast_value, check_write_overlap, resize_output
 
@@ -118,21 +126,51 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 
 def resize_(x: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
-    """`Tensor.resize_`: the tensor takes the new shape, keeping its first elements in row-major
-    order; new elements are zeros (eager leaves them uninitialized). A resize to the same shape is
-    a no-op, as in eager."""
+    """`Tensor.resize_`, as eager: the tensor takes the new shape with contiguous strides (or
+    `memory_format`'s) over its own storage, from its storage offset, reading the storage in
+    storage order (a transposed tensor's elements are not reordered). Within the storage's size
+    it stays a view of that storage, so its other views still alias it. Past it, eager grows the
+    storage in place; lazyxla gives the tensor a new storage holding the old one's elements and
+    zeros after them (eager leaves those uninitialized), so tensors that shared the old storage
+    no longer see its writes. A resize to the same shape is a no-op, as in eager."""
     size = tuple(int(d) for d in size)
     if any(d < 0 for d in size):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(size)}")
-    if size == tuple(x.shape):
+    if size == tuple(x.shape) and memory_format is None:
         return x
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        strides = contiguous_strides(size)
+    else:  # channels_last(_3d): eager's strides for that format
+        strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
     n = 1
     for d in size:
         n *= d
-    flat = x.detach().reshape(-1)
-    if n > flat.numel():
-        flat = torch.cat([flat, flat.new_zeros(n - flat.numel())])
-    x.data = flat[:n].reshape(size).clone()
+    offset = x.storage_offset()
+    capacity = x.untyped_storage().nbytes() // x.element_size()
+    with torch.no_grad():
+        if offset + n <= capacity or n == 0:
+            x.data = x.detach().as_strided(size, strides, offset)
+            return x
+        grown = x.new_zeros(offset + n)
+        if capacity:
+            grown[:capacity] = x.detach().as_strided((capacity,), (1,), 0)
+        x.data = grown.as_strided(size, strides, offset)
+    return x
+
+
+def set_source_tensor(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """`Tensor.set_(source)`: `x` takes `source`'s storage, shape, strides and offset, so the two
+    alias each other, as in eager."""
+    if x.dtype != source.dtype:  # eager's error, in its words (C++ type names)
+        torch.empty(0, dtype=x.dtype).set_(torch.empty(0, dtype=source.dtype))
+    check_device(source.device)
+    x.data = source.detach()
+    return x
+
+
+def set_empty(x: torch.Tensor) -> torch.Tensor:
+    """`Tensor.set_()`: `x` becomes empty, over a new, empty storage."""
+    x.data = torch.empty(0, dtype=x.dtype, device=x.device)
     return x
 
 
@@ -334,6 +372,8 @@ def install() -> None:
     register_kernel(aten._copy_from_and_resize.default, _copy_from_and_resize)
     register_kernel(aten._local_scalar_dense.default, _local_scalar_dense)
     register_kernel(aten.resize_.default, resize_)
+    register_kernel(aten.set_.source_Tensor, set_source_tensor)
+    register_kernel(aten.set_.default, set_empty)
     register_kernel(aten.equal.default, equal)
     register_kernel(aten._linalg_check_errors.default, _linalg_check_errors)
     register_kernel(aten.native_batch_norm.default, native_batch_norm)
