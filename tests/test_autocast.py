@@ -34,3 +34,73 @@ def test_autocast_matches_cpu_autocast(dtype):
 def test_no_autocast_outside_the_region():
     y = torch.nn.functional.linear(torch.randn(2, 3).to(dev), torch.randn(4, 3).to(dev))
     assert y.dtype == torch.float32
+
+
+def _grad_scaler_run(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(
+        device=torch.device(device).type, init_scale=8.0, growth_interval=2
+    )
+    x = torch.randn(5, 4)
+    scales = []
+    for i in range(5):
+        opt.zero_grad()
+        loss = model(x.to(device)).pow(2).sum()
+        if i == 2:
+            loss = loss * float("inf")  # an overflow: the step is skipped, the scale backs off
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return [p.detach().cpu() for p in model.parameters()], scales
+
+
+def test_torch_grad_scaler_runs_in_the_graph():
+    """torch.amp.GradScaler's own ops (Note [GradScaler's ops]) are lowered: eager's parameters
+    and scales, and no CPU fallback (each step used to copy every gradient to the host)."""
+    import lazyxla.debug.metrics as met
+
+    want_params, want_scales = _grad_scaler_run("cpu")
+    met.clear_all()
+    got_params, got_scales = _grad_scaler_run(dev)
+    assert got_scales == want_scales == [8.0, 16.0, 8.0, 8.0, 16.0]
+    for g, w in zip(got_params, want_params):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert not [k for k in met.counter_names() if k.startswith("aten::_amp")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_unscale_and_update_scale_as_eager(dtype):
+    """The two ops on their own, exactly: non-finite elements set found_inf, unscaling in opmath,
+    a scale grown in double and kept below float32's overflow, and backed off."""
+    g = [torch.tensor([1.5, -2.0, 3.0], dtype=dtype), torch.tensor([[0.25, 7.0]], dtype=dtype)]
+    bad = [g[0].clone(), torch.tensor([[0.25, float("nan")]], dtype=dtype)]
+    for grads in (g, bad):
+        for inv in (0.125, 1.0 / 3.0):
+            res = []
+            for d in ("cpu", dev):
+                xs = [t.clone().to(d) for t in grads]
+                found = torch.zeros((), device=d)
+                inv_scale = torch.full((), inv, device=d)
+                torch._amp_foreach_non_finite_check_and_unscale_(xs, found, inv_scale)
+                res.append([t.cpu() for t in xs] + [found.cpu()])
+            for a, b in zip(*res):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    cases = [(3.0e38, 0, 0.0, 2.0), (1.7, 0, 0.0, 1.1), (1.7, 3, 0.0, 1.1), (1.7, 2, 1.0, 1.1)]
+    for scale, tracker, found_inf, growth in cases:
+        res = []
+        for d in ("cpu", dev):
+            s = torch.full((), scale, device=d)
+            t = torch.full((), tracker, dtype=torch.int32, device=d)
+            f = torch.full((), found_inf, device=d)
+            torch._amp_update_scale_(s, t, f, growth, 0.3, 4)
+            res.append((s.cpu(), t.cpu()))
+        assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1]), (
+            scale,
+            tracker,
+            found_inf,
+            res,
+        )

@@ -212,3 +212,38 @@ for _ov in ("default", "tensor_lr"):
             _sgd,
             lift=("lr", "momentum", "weight_decay", "dampening"),
         )
+
+
+# Note [GradScaler's ops]
+# `torch.amp.GradScaler` unscales the gradients with `_amp_foreach_non_finite_check_and_unscale_`
+# and adjusts its scale with `_amp_update_scale_`. Through the CPU fallback each step synced the
+# pending backward and copied every gradient to the host and back; lowered, they stay in the
+# step's graph (GradScaler still reads `found_inf` before `optimizer.step`, as on any device). As
+# eager's CPU kernels: a non-finite gradient element (before scaling) sets `found_inf` to 1, each
+# element is multiplied by `inv_scale` in its opmath type; the scale is multiplied in double and
+# stored as float, and does not grow past float32's range.
+def _unscale(grads, found_inf, inv_scale):
+    inv = inv_scale.reshape(())
+    bad = jnp.zeros((), bool)
+    out = []
+    for g in grads:
+        x = g.astype(jnp.float32) if g.dtype in (jnp.float16, jnp.bfloat16) else g
+        bad = bad | ~jnp.all(jnp.isfinite(x))
+        out.append((x * inv.astype(x.dtype)).astype(g.dtype))
+    return out, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+def _update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    found = found_inf.reshape(()) != 0
+    wide = scale.astype(jnp.float64)
+    backed_off = (wide * backoff_factor).astype(scale.dtype)
+    grown = (wide * growth_factor).astype(scale.dtype)
+    successful = growth_tracker + 1
+    grow = successful == growth_interval
+    new_scale = jnp.where(found, backed_off, jnp.where(grow & jnp.isfinite(grown), grown, scale))
+    tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
+    return new_scale, tracker
+
+
+register(aten._amp_foreach_non_finite_check_and_unscale.default, _unscale, opmath=False)
+register(aten._amp_update_scale.default, _update_scale, opmath=False)
