@@ -361,3 +361,30 @@ def test_interpolate_uint8_images(mode, size, antialias):
     diff = (out.int() - ref.int()).abs()
     # (float32 weights against float64: a sum near .5 can round the other way)
     assert diff.max() <= 1 and (diff > 0).float().mean() < 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.5])
+def test_embedding_max_norm_renorms_in_the_graph(dtype, norm_type):
+    """nn.Embedding(max_norm=...) renorms the rows it looks up, in place, each once, as eager's
+    kernel (it ran through the CPU fallback: a sync and a round trip of the table per call).
+    A bf16 norm of another order than 1 or 2 is a reduction of powers whose bf16 rounding is
+    eager's own: there the renormed rows may differ by one bf16 ulp."""
+    import lazyxla.debug.metrics as met
+
+    exact = dtype != torch.bfloat16 or norm_type in (1.0, 2.0)
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=2**-7, atol=0)
+
+    torch.manual_seed(0)
+    weight = (torch.randn(10, 6) * 2).to(dtype)
+    idx = torch.tensor([[1, 4, 1], [9, 0, 4]])
+    outs = []
+    met.clear_all()
+    for d in ("cpu", DEV):
+        w = weight.clone().to(d)
+        out = torch.nn.functional.embedding(idx.to(d), w, max_norm=1.5, norm_type=norm_type)
+        outs.append((out.cpu(), w.cpu()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], **tol)
+    torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
+    assert not torch.equal(outs[0][1], weight)  # some rows were renormed
+    assert met.counter_value("aten::embedding_renorm_") is None

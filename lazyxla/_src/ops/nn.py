@@ -233,6 +233,22 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return jnp.take(weight, indices, axis=0)
 
 
+@lowering(aten.embedding_renorm.default, opmath=False)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """`nn.Embedding(max_norm=...)`'s in-place renorm, as eager's CPU kernel: each row some index
+    names (once, however often it is named) whose norm (in the weight's dtype) exceeds `max_norm`
+    is multiplied by `max_norm / (norm + 1e-7)`, computed in double, rounded to the weight's
+    dtype (a bf16 weight's scale is a bf16), and applied in opmath."""
+    from .reduction import vector_norm
+
+    norms = vector_norm(weight, norm_type, (1,)).astype(weight.dtype).astype(jnp.float64)
+    named = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
+    scale = jnp.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    wide = jnp.float64 if weight.dtype == jnp.float64 else jnp.float32
+    scale = scale.astype(weight.dtype).astype(wide)
+    return (weight.astype(wide) * scale[:, None]).astype(weight.dtype)
+
+
 @lowering(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     idx = indices.reshape(-1)
