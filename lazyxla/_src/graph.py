@@ -248,9 +248,7 @@ class Capture:
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
         # Note [A state's first value is data] in tensor.py: such a fill is a data leaf.
-        fills = {id(s.fill) for s in states if s.fill is not None}
-        if fills and spmd():
-            fills = set()
+        fills = set() if spmd() else {id(s.fill) for s in states if s.fill is not None}
         stop = (lambda n: id(n) in fills) if fills else None
         nodes = post_order([n for n, _ in root_values], stop)
         pos: dict[int, int] = {}

@@ -222,7 +222,6 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     # (view) twin, their result replaces the tensor instead of being written into it.
     reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
     overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
-    check_overlap = not reshapes
     foreach = len(writes) == 1 and specs[writes[0]].is_list_write
     # `out=` arguments (not `self` of an in-place op) take the result's shape, as eager's
     # resize_output gives them
@@ -258,6 +257,11 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         return vals[writes[0]] if n_returns == 1 else tuple(vals[i] for i in writes)
 
     def run(vals: list[Any]) -> None:
+        if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
+            # as a view of its own storage, with eager's strides and errors (view_kernels.py),
+            # so it stays an alias of every other view of that storage
+            vals[writes[0]].data = functional(*vals)
+            return
         out_struct = infer(functional, fspecs, vals, lw)
         if resized and any(
             t.dtype != r.dtype for _, t, r in _targets(out_struct, vals, specs, writes)
@@ -277,13 +281,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                 infer(op, specs, vals)
             _check_casts(out_struct, vals, specs, writes)
             infer(op, specs, vals)
-        if check_overlap:
-            _check_overlap(vals, specs, writes, overlap_ok)
-        if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
-            # as a view of its own storage, with eager's strides (view_kernels.py), so it stays
-            # an alias of every other view of that storage
-            vals[writes[0]].data = functional(*vals)
-            return
+        _check_overlap(vals, specs, writes, overlap_ok)
         # The results are written straight from the node's outputs: no lazy tensor is made for
         # a value only written into another (Adam's foreach ops: 1/4 of their recording time).
         node, out = record(name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg, wrap=False)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 
 from . import elementwise as ew
-from .registry import is_const, register
+from .registry import is_const, register, to_opmath
 
 aten = torch.ops.aten
 
@@ -227,7 +227,7 @@ def _unscale(grads, found_inf, inv_scale):
     bad = jnp.zeros((), bool)
     out = []
     for g in grads:
-        x = g.astype(jnp.float32) if g.dtype in (jnp.float16, jnp.bfloat16) else g
+        x = to_opmath(g)
         bad = bad | ~jnp.all(jnp.isfinite(x))
         out.append((x * inv.astype(x.dtype)).astype(g.dtype))
     return out, jnp.where(bad, jnp.ones_like(found_inf), found_inf)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import lowering
+from .registry import lowering, to_opmath
 
 aten = torch.ops.aten
 
@@ -244,9 +244,9 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     norms = vector_norm(weight, norm_type, (1,)).astype(weight.dtype).astype(jnp.float64)
     named = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
     scale = jnp.where(named & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
-    wide = jnp.float64 if weight.dtype == jnp.float64 else jnp.float32
-    scale = scale.astype(weight.dtype).astype(wide)
-    return (weight.astype(wide) * scale[:, None]).astype(weight.dtype)
+    wide = to_opmath(weight)
+    scale = scale.astype(weight.dtype).astype(wide.dtype)
+    return (wide * scale[:, None]).astype(weight.dtype)
 
 
 @lowering(aten.embedding_dense_backward.default)
