@@ -467,6 +467,8 @@ def test_set_errors_and_empty_as_eager():
     x = to_lazy(_x(2, 3))
     with pytest.raises(RuntimeError, match="Could not set tensor of type long int to a tensor"):
         x.set_(to_lazy(torch.arange(3)))
+    with pytest.raises(RuntimeError, match='to a storage on different device "cpu"'):
+        x.set_(_x(2, 3))
     x.set_()
     assert x.shape == (0,) and x.untyped_storage().nbytes() == 0
     assert not [k for k in metrics.counter_names() if k.startswith("aten::set_")]

@@ -163,7 +163,12 @@ def set_source_tensor(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     alias each other, as in eager."""
     if x.dtype != source.dtype:  # eager's error, in its words (C++ type names)
         torch.empty(0, dtype=x.dtype).set_(torch.empty(0, dtype=source.dtype))
-    check_device(source.device)
+    if source.device != x.device:  # (eager's words; set_data's own error named no device)
+        raise RuntimeError(
+            f'Attempted to set the storage of a tensor on device "{x.device}" to a storage on '
+            f'different device "{source.device}".  This is no longer allowed; the devices must '
+            "match."
+        )
     x.data = source.detach()
     return x
 
