@@ -687,13 +687,44 @@ def _rerun_wide(op: Any, s: Any, dtype: torch.dtype) -> tuple[Any, Any]:
     return wide_s, op(wide_s[0], *wide_s[1], **wide_s[2])
 
 
-def _check_forward(
-    op: Any, key: str, full: bool, dtypes: Iterable[torch.dtype] | None = None
-) -> tuple[str, str, set[str]]:
-    """(status, reason, fallback ops) of the forward values."""
-    fell: set[str] = set()
-    ran = 0
-    values = key not in UNDEFINED_VALUES
+# Note [One graph per entry]
+# Compiling dominates the sweep (~55 ms of XLA per graph against a few ms of recording), so an
+# entry records every sample first and reads the results afterwards: the first read runs all of
+# them as one graph (Note [What a value read syncs]), where a sync per sample compiled one graph
+# each. The replays (Note [Recording plans]) are recorded once those values are read, so they form
+# a second graph of the same program on fresh copies of the inputs: a compile cache hit when each
+# replay recorded what its first call did, and then bit-equal by construction. (In one graph with
+# the first calls they would not be: XLA may vectorize two copies of an op differently, and
+# polygamma's two results then differ in the last bit.) The check is the same as one sample at a
+# time: each sample's values, layouts and inputs are compared on their own and in order, and the
+# first failure is the one reported. A sample whose graph fails to compile or run does not hide
+# the others' values: the read marks only the failing tensors failed, so the error surfaces at
+# that sample's read, with its name.
+
+
+@dataclasses.dataclass
+class _Case:
+    """One forward sample of an entry (Note [One graph per entry])."""
+
+    where: str
+    dtype: torch.dtype
+    sample: Any
+    cpu_s: Any
+    lazy_s: Any
+    expected: Any
+    tol: dict[str, float]
+    actual: Any = None
+    actual_cpu: Any = None
+    inputs_cpu: Any = None
+    again: Any = None  # the replayed call's result, or None
+    error: str | None = None
+
+
+def _record_forward(
+    op: Any, key: str, full: bool, dtypes: Iterable[torch.dtype] | None
+) -> list[_Case]:
+    """Every sample's eager result and lazy recording, nothing read back."""
+    cases = []
     for dtype, n in _plan(op, full):
         if dtypes is not None and dtype not in dtypes:
             continue
@@ -715,57 +746,87 @@ def _check_forward(
                 continue  # eager rejects the sample (an error-input case): nothing to compare
             if any(t.dtype == torch.complex32 for t in _tensors(expected)):
                 continue  # complex32 (an fp16 pair) has no XLA dtype: cannot live on the device
-            ran += 1
-            before = _fallbacks()
-            where = f"{dtype} sample {i}"
+            c = _Case(f"{dtype} sample {i}", dtype, s, cpu_s, lazy_s, expected, tol)
+            cases.append(c)
             try:
-                actual = op(lazy_s[0], *lazy_s[1], **lazy_s[2])
-                actual_cpu = _to_cpu(actual)
-                inputs_cpu = _to_cpu(lazy_s)
+                c.actual = op(lazy_s[0], *lazy_s[1], **lazy_s[2])
             except Exception as e:
-                return FAILS, f"{where}: {_short(e)}", fell
-            # The same call again, on fresh device copies: it replays the recording plan the
-            # first call made (Note [Recording plans]), which must record what the slow path did.
-            if key not in KEEP_CPU_ARGS and values and key not in TIE_FREE_INDICES:
-                replay = _to_lazy(_clone_cpu((s.input, s.args, s.kwargs)))
-                try:
-                    again = _to_cpu(op(replay[0], *replay[1], **replay[2]))
-                    _compare(again, actual_cpu, {"rtol": 0, "atol": 0}, values, key)
-                except Exception as e:
-                    return FAILS, f"{where}, recorded again: {_short(e)}", fell
-            fell.update(_moved(before))
-            wide = None  # (the sample in the wider dtype after the call, the result)
+                c.error = f"{c.where}: {_short(e)}"
+    return cases
+
+
+def _read_and_replay(op: Any, key: str, cases: list[_Case]) -> None:
+    """Each case's values read back, then its call replayed on fresh device copies (Note
+    [Recording plans]: the same call again replays the plan the first call made, which must
+    record what the slow path did)."""
+    for c in cases:
+        if c.error is None:
             try:
-                try:
-                    _compare(actual_cpu, expected, tol, values, key)
-                except AssertionError:
-                    if key in TIE_FREE_INDICES:
-                        _indices_select_values(key, s, actual_cpu, expected)
-                        continue
-                    if dtype not in _WIDER or not values:
-                        raise
-                    wide = _rerun_wide(op, s, dtype)
-                    _no_worse_than_eager(actual_cpu, expected, wide[1], tol, key)
+                c.actual_cpu = _to_cpu(c.actual)
+                c.inputs_cpu = _to_cpu(c.lazy_s)
             except Exception as e:
+                c.error = f"{c.where}: {_short(e)}"
+    if key in KEEP_CPU_ARGS or key in UNDEFINED_VALUES or key in TIE_FREE_INDICES:
+        return
+    for c in cases:
+        if c.error is None:
+            s = c.sample
+            replay = _to_lazy(_clone_cpu((s.input, s.args, s.kwargs)))
+            try:
+                c.again = op(replay[0], *replay[1], **replay[2])
+            except Exception as e:
+                c.error = f"{c.where}, recorded again: {_short(e)}"
+
+
+def _check_forward(
+    op: Any, key: str, full: bool, dtypes: Iterable[torch.dtype] | None = None
+) -> tuple[str, str, set[str]]:
+    """(status, reason, fallback ops) of the forward values."""
+    values = key not in UNDEFINED_VALUES
+    before = _fallbacks()
+    cases = _record_forward(op, key, full, dtypes)
+    _read_and_replay(op, key, cases)
+    fell = set(_moved(before))
+    for c in cases:  # in order: the first failure is the one reported
+        if c.error is not None:
+            return FAILS, c.error, fell
+        where, tol, s, dtype = c.where, c.tol, c.sample, c.dtype
+        actual_cpu, inputs_cpu, expected, cpu_s = c.actual_cpu, c.inputs_cpu, c.expected, c.cpu_s
+        if c.again is not None:
+            try:
+                _compare(_to_cpu(c.again), actual_cpu, {"rtol": 0, "atol": 0}, values, key)
+            except Exception as e:
+                return FAILS, f"{where}, recorded again: {_short(e)}", fell
+        wide = None  # (the sample in the wider dtype after the call, the result)
+        try:
+            try:
+                _compare(actual_cpu, expected, tol, values, key)
+            except AssertionError:
+                if key in TIE_FREE_INDICES:
+                    _indices_select_values(key, s, actual_cpu, expected)
+                    continue
+                if dtype not in _WIDER or not values:
+                    raise
+                wide = _rerun_wide(op, s, dtype)
+                _no_worse_than_eager(actual_cpu, expected, wide[1], tol, key)
+        except Exception as e:
+            return FAILS, f"{where}: {_short(e)}", fell
+        if key not in LAYOUT_DIFFERS:
+            try:
+                compare_layouts(actual_cpu, expected)
+            except AssertionError as e:
                 return FAILS, f"{where}: {_short(e)}", fell
-            if key not in LAYOUT_DIFFERS:
-                try:
-                    compare_layouts(actual_cpu, expected)
-                except AssertionError as e:
-                    return FAILS, f"{where}: {_short(e)}", fell
-            try:  # in-place ops: the mutated inputs must match too
-                try:
-                    _compare(_tensors(inputs_cpu), _tensors(cpu_s), tol, values)
-                except AssertionError:
-                    if dtype not in _WIDER or not values:
-                        raise
-                    wide = wide or _rerun_wide(op, s, dtype)
-                    _no_worse_than_eager(
-                        _tensors(inputs_cpu), _tensors(cpu_s), _tensors(wide[0]), tol
-                    )
-            except Exception as e:
-                return FAILS, f"{where} (inputs after the call): {_short(e)}", fell
-    if not ran:
+        try:  # in-place ops: the mutated inputs must match too
+            try:
+                _compare(_tensors(inputs_cpu), _tensors(cpu_s), tol, values)
+            except AssertionError:
+                if dtype not in _WIDER or not values:
+                    raise
+                wide = wide or _rerun_wide(op, s, dtype)
+                _no_worse_than_eager(_tensors(inputs_cpu), _tensors(cpu_s), _tensors(wide[0]), tol)
+        except Exception as e:
+            return FAILS, f"{where} (inputs after the call): {_short(e)}", fell
+    if not cases:
         return SKIPPED, "no sample runs on eager CPU", fell
     if fell:
         return FALLBACK, "CPU fallback: " + ", ".join(sorted(fell)), fell
@@ -827,7 +888,8 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
     n = None if full else DEFAULT_SAMPLES
     tol = dict(TOLERANCES.get(key, ({}, ""))[0])
     fell: set[str] = set()
-    ran = 0
+    # Phase 1 records every sample's backward, phase 2 reads them back (Note [One graph per entry]).
+    cases: list[tuple[str, Any, Any, tuple, list]] = []
     for i, s in enumerate(_samples(op, torch.float32, True, n)):
         where = f"grad sample {i}"
         cpu_s = _clone_cpu((s.input, s.args, s.kwargs))
@@ -840,7 +902,6 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
             continue
         outs_c, cot, grads_c = eager
         wrt_l = [t for t in _tensors(lazy_s) if t.requires_grad]
-        ran += 1
         before = _fallbacks()
         try:
             out_l = s.output_process_fn_grad(op(lazy_s[0], *lazy_s[1], **lazy_s[2]))
@@ -853,15 +914,17 @@ def _check_grad(op: Any, key: str, full: bool) -> tuple[str, str]:
             grads_l = torch.autograd.grad(
                 outs_l, wrt_l, [c.to(DEV) for c in cot], allow_unused=True
             )
-            grads_l = [None if x is None else x.cpu() for x in grads_l]
         except Exception as e:
             return FAILS, f"{where}: {_short(e)}"
         fell.update(_moved(before))
+        cases.append((where, s, grads_l, grads_c, cot))
+    for where, s, grads_l, grads_c, cot in cases:
         try:
-            compare_grads(op, s, grads_l, grads_c, cot, tol)
+            grads_cpu = [None if x is None else x.cpu() for x in grads_l]
+            compare_grads(op, s, grads_cpu, grads_c, cot, tol)
         except Exception as e:
             return FAILS, f"{where}: {_short(e)}"
-    if not ran:
+    if not cases:
         return NA, ""
     if fell:
         return FALLBACK, "CPU fallback: " + ", ".join(sorted(fell))
