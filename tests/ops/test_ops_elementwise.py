@@ -679,3 +679,39 @@ def test_reformulated_functions_keep_eager_special_values(name, dtype):
     assert same.all(), [
         (a, b, c) for a, b, c, s in zip(x.tolist(), ref.tolist(), got.tolist(), same)
     ]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_shift_operators_are_lowered_like_eager(dtype):
+    """`x << n`, `x >> t`, `x <<= n`, `v >>= t` (aten's __lshift__/__ilshift__ family, distinct ops
+    from bitwise_left_shift): eager's values and dtypes (a bool tensor shifted by a Python int is
+    int64), shifts past the width and negative ones, an in-place shift through a view seen by its
+    base, and no CPU fallback."""
+    from lazyxla.debug import metrics
+
+    base = torch.tensor([0, 1, 3, 5, 100, 127], dtype=torch.int64)
+    x = base.to(dtype)
+    amounts = torch.tensor([0, 1, 2, 7, 8, 70], dtype=torch.int64).to(
+        torch.uint8 if dtype == torch.uint8 else dtype if dtype != torch.bool else torch.int64
+    )
+
+    def run(x, amounts):
+        outs = [x << 2, x >> 1, x << 70, x >> 70, x << amounts, x >> amounts]
+        if dtype != torch.bool:  # (eager: a bool result of << cannot be cast back to bool)
+            y = x.clone()
+            v = y[2:]
+            y <<= 1
+            v >>= amounts[2:]
+            outs += [y, v]
+        return outs
+
+    before = {
+        k: metrics.counter_value(k) for k in metrics.counter_names() if k.startswith("aten::")
+    }
+    got = run(to_lazy(x), to_lazy(amounts))
+    want = run(x, amounts)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        assert_same(g, w, exact=True)
+    after = {k: metrics.counter_value(k) for k in metrics.counter_names() if k.startswith("aten::")}
+    assert after == before

@@ -387,5 +387,18 @@ def install() -> None:
     register_kernel(aten._batch_norm_with_update.default, batch_norm_with_update)
     register_kernel(aten._batch_norm_no_update.default, batch_norm_no_update)
     register_kernel(aten.batch_norm_backward.default, batch_norm_backward)
+    # Note [Shift operators]: `x << n`, `x >>= t` are aten's __lshift__/__irshift__ family, ops of
+    # their own that eager's CPU computes with bitwise_left_shift's kernel and promotion. Their
+    # meta kernels refuse a bool `self` that eager shifts (`bool_tensor << 2` is int64), so they
+    # record as the bitwise ops they are.
+    for dunder, idunder, op in (
+        (aten.__lshift__, aten.__ilshift__, aten.bitwise_left_shift),
+        (aten.__rshift__, aten.__irshift__, aten.bitwise_right_shift),
+    ):
+        inplace = getattr(aten, op.__name__ + "_")
+        register_kernel(dunder.Scalar, op.Tensor_Scalar)
+        register_kernel(dunder.Tensor, op.Tensor)
+        register_kernel(idunder.Scalar, inplace.Tensor_Scalar)
+        register_kernel(idunder.Tensor, inplace.Tensor)
     fallback.install()
     error_messages.install()
