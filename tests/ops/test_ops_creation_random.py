@@ -78,6 +78,34 @@ def test_randint_and_ranges():
     assert abs(nc.mean().item() - 2.0) < 0.05 and abs(nc.std().item() - 0.5) < 0.05
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
+    + [torch.int16, torch.int8, torch.uint8, torch.bool],
+)
+def test_random_without_bounds_covers_eager_full_range(dtype):
+    """`x.random_()`: integers in eager's range for the dtype ([0, 2**digits] for a floating one,
+    [0, max] for an integer one, {0, 1} for bool), spread over all of it (the largest of 20000
+    draws is in its top tenth), lowered: no CPU fallback."""
+    before = metrics.counter_value("aten::random_") or 0
+    got = to_cpu(torch.empty(20000, dtype=dtype, device=DEV).random_())
+    assert (metrics.counter_value("aten::random_") or 0) == before
+    if dtype == torch.bool:
+        hi = 1
+    elif dtype.is_floating_point:
+        hi = (
+            2 ** {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11, torch.float64: 53}[dtype]
+        )
+    else:
+        hi = torch.iinfo(dtype).max
+    assert got.dtype == dtype
+    assert got.min().item() >= 0 and got.max().item() <= hi
+    if dtype.is_floating_point:
+        assert torch.equal(got, got.round())
+    assert got.max().item() >= 0.9 * hi
+    assert got.unique().numel() > min(hi, 100)  # (bool: both values)
+
+
 def test_randperm():
     p = torch.randperm(20, device=DEV)
     assert p.dtype == torch.int64

@@ -43,6 +43,23 @@ def random_to(x, to, *, key):
     return jax.random.randint(_key(key), x.shape, 0, to, jnp.int64).astype(x.dtype)
 
 
+@lowering(aten.random_.default, random=True)
+def random_(x, *, key):
+    """`x.random_()`: eager's full ranges, inclusive: 0 or 1 for bool, [0, max] for an integer
+    dtype, [0, 2**digits] for a floating one (every integer in it representable: 2**24 for
+    float32, 2**8 for bfloat16), as ATen's uniform_int transformation gives them."""
+    dt = x.dtype
+    if dt == jnp.int64:  # [0, 2**63 - 1]: the top bit of 64 random ones dropped
+        return (jax.random.bits(_key(key), x.shape, jnp.uint64) >> 1).astype(dt)
+    if dt == jnp.bool_:
+        hi = 1
+    elif jnp.issubdtype(dt, jnp.floating):
+        hi = 2 ** (jnp.finfo(dt).nmant + 1)  # (nmant + 1: the digits, with the implicit bit)
+    else:
+        hi = int(jnp.iinfo(dt).max)
+    return jax.random.randint(_key(key), x.shape, 0, hi + 1, jnp.int64).astype(dt)
+
+
 @lowering(aten.bernoulli.p, aten.bernoulli_.float, random=True)
 def bernoulli_p(x, p=0.5, *, key):
     return jax.random.bernoulli(_key(key), p, x.shape).astype(x.dtype)
