@@ -472,3 +472,20 @@ def test_set_errors_and_empty_as_eager():
     x.set_()
     assert x.shape == (0,) and x.untyped_storage().nbytes() == 0
     assert not [k for k in metrics.counter_names() if k.startswith("aten::set_")]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda t: t.t_(), lambda t: t.transpose_(0, 5), lambda t: t.squeeze_(7)],
+    ids=["t_", "transpose_", "squeeze_"],
+)
+def test_inplace_metadata_errors_are_eagers(call):
+    """An in-place metadata op's error is eager's, naming the in-place op (`t_()`, not `t()`),
+    and the tensor keeps its shape."""
+    with pytest.raises(Exception) as want:
+        call(_x(2, 2, 2))
+    x = to_lazy(_x(2, 2, 2))
+    with pytest.raises(Exception) as got:
+        call(x)
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+    assert x.shape == (2, 2, 2) and torch.equal(x.cpu(), _x(2, 2, 2))

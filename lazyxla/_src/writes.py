@@ -260,7 +260,12 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         if reshapes:  # squeeze_, unsqueeze_, t_, ...: the tensor takes the new shape
             # as a view of its own storage, with eager's strides and errors (view_kernels.py),
             # so it stays an alias of every other view of that storage
-            vals[writes[0]].data = functional(*vals)
+            try:
+                vals[writes[0]].data = functional(*vals)
+            except RuntimeError as e:  # (t's check, worded for t_ as eager words it)
+                if name == "aten::t" and str(e).startswith("t() "):
+                    raise RuntimeError("t_() " + str(e)[4:]) from None
+                raise
             return
         out_struct = infer(functional, fspecs, vals, lw)
         if resized and any(
