@@ -262,8 +262,31 @@ def scalar_fast(value: Any, dtype: torch.dtype) -> Node:
     return n
 
 
+_DATA_DESCS: dict[TensorSpec, tuple[int, tuple[TensorSpec, ...]]] = {}
+
+
 def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:
-    return Node(DEVICE_DATA, None, (), (), (), (spec,), desc_extra=sharding, data=array)
+    """A graph input holding `array`; its descriptor looked up per spec when it has no sharding
+    (an executable's outputs and uploads: every sync makes one per output)."""
+    hit = _DATA_DESCS.get(spec) if sharding is None and not FLAGS.ir_debug else None
+    if hit is None:
+        n = Node(DEVICE_DATA, None, (), (), (), (spec,), desc_extra=sharding, data=array)
+        if sharding is None:
+            _DATA_DESCS[spec] = (n.desc, n.specs)
+        return n
+    n = _new_node(Node)
+    n.op = DEVICE_DATA
+    n.rule = None
+    n.inputs = ()
+    n.args = ()
+    n.kwargs = ()
+    n.specs = hit[1]
+    n.desc = hit[0]
+    n.data = array
+    n.src = None
+    n.meta = None
+    n.aten = None
+    return n
 
 
 def scalar(value: Any, dtype: torch.dtype) -> Node:
