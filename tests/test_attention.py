@@ -123,6 +123,39 @@ def test_sdpa_dropout_keeps_the_math_path():
     assert torch.isfinite(out.cpu()).all()
 
 
+@pytest.mark.parametrize("mask_rank", [2, 4])
+def test_sdpa_math_path_bool_masks_are_eagers(mask_rank):
+    """Calls the blockwise kernel does not take run PyTorch's math kernel, which adds its mask:
+    a bool mask must arrive converted (False to -inf), as PyTorch's composite converts it.
+    Unconverted, True and False were added as 1 and 0 (Falcon's multi-query attention: one key
+    head for four query heads without enable_gqa, logits 0.16 off eager's). A fully masked row
+    gives 0, as eager's; the gradients of q, k and v match too."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 12, 8, requires_grad=True)
+    k, v = (torch.randn(2, 1, 12, 8, requires_grad=True) for _ in range(2))
+    mask = torch.tril(torch.ones(12, 12, dtype=torch.bool))
+    mask[5] = False
+    if mask_rank == 4:  # (batch-expanded, as transformers' masks are)
+        mask = mask[None, None].expand(2, 1, 12, 12)
+    assert not attention.use_blockwise_sdpa(q, k, v, mask, 0.0, False)
+    _sdpa_case(q, k, v, mask)
+
+
+def test_sdpa_dropout_bool_mask_attends_only_where_true():
+    """With dropout (the math path) a bool mask that lets each query see one key gives that key's
+    value, scaled by 1 / (1 - p), or 0 where dropped: nothing of the masked keys leaks in."""
+    torch.manual_seed(4)
+    q, k = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    v = torch.randn(1, 2, 6, 4)
+    one = torch.eye(6, dtype=torch.bool).roll(1, dims=1)  # query i sees key i + 1 only
+    out = F.scaled_dot_product_attention(*_lazy([q, k, v]), attn_mask=one.to(dev), dropout_p=0.5)
+    out = out.cpu()
+    seen = v[:, :, one.nonzero()[:, 1]] * 2.0  # (1, 2, 6, 4): the one key's value, kept
+    kept = (out != 0).all(-1, keepdim=True)
+    assert torch.equal(out, torch.where(kept, seen, torch.zeros(())))
+    assert kept.any() and not kept.all()
+
+
 def test_sdpa_errors_are_eagers():
     q = torch.randn(1, 2, 8, 4, device=dev)
     m = torch.ones(8, 8, dtype=torch.bool, device=dev)

@@ -586,6 +586,12 @@ def sdpa_kernel(
             "is_causal=True"
         )
     if not use_blockwise_sdpa(q, k, v, attn_mask, dropout_p, enable_gqa):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # The math kernel adds its mask: a bool one as 0/1. PyTorch's composite converts it
+            # first (False is -inf, in q's dtype), and so must this kernel, which replaces it.
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(
+                attn_mask.logical_not(), NEG_INF
+            )
         return aten._scaled_dot_product_attention_math(
             q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )[0]
