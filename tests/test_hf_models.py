@@ -91,6 +91,40 @@ def _gpt2(attn: str) -> nn.Module:
     return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation=attn)
 
 
+def _falcon(attn: str) -> nn.Module:
+    """Multi-query attention (one key/value head for every query head, without enable_gqa): with
+    a padding mask, SDPA's bool mask on PyTorch's math kernel."""
+    cfg = transformers.FalconConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        new_decoder_architecture=False,
+        multi_query=True,
+        alibi=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    return transformers.FalconForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
+def _mixtral(attn: str) -> nn.Module:
+    """Mixture of experts: transformers counts tokens per expert with an integer `histc` on any
+    device but the CPU (lazyxla's meta kernels must not refuse it as the CPU's does)."""
+    cfg = transformers.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    return transformers.MixtralForCausalLM._from_config(cfg, attn_implementation=attn)
+
+
 def _bert(attn: str) -> nn.Module:
     cfg = transformers.BertConfig(
         vocab_size=VOCAB,
@@ -175,6 +209,8 @@ def _hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 HF_MODELS: dict[str, tuple[Callable[[str], nn.Module], Callable[[int, int], list[Batch]]]] = {
     "llama": (_llama, _causal_lm_batches),
     "gpt2": (_gpt2, _causal_lm_batches),
+    "falcon": (_falcon, _causal_lm_batches),
+    "mixtral": (_mixtral, _causal_lm_batches),
     "bert": (_bert, _masked_lm_batches),
     "vit": (_vit, _image_batches),
 }
@@ -303,12 +339,25 @@ def _compare_training(
 # like the step. The eager attention path and ViT (no mask) read nothing. Llama's and GPT-2's first
 # read finds only integer bookkeeping pending and is answered on the host (Note [Small integer
 # reads on the host]): one graph each.
-SDPA_MASK_READS = {("llama", "sdpa"): 1, ("gpt2", "sdpa"): 1, ("bert", "sdpa"): 1}
+SDPA_MASK_READS = {
+    ("llama", "sdpa"): 1,
+    ("gpt2", "sdpa"): 1,
+    ("bert", "sdpa"): 1,
+    ("mixtral", "sdpa"): 1,
+}
 
 
 @pytest.mark.parametrize(
     "name,attn",
-    [("llama", "sdpa"), ("llama", "eager"), ("gpt2", "sdpa"), ("bert", "sdpa"), ("vit", "sdpa")],
+    [
+        ("llama", "sdpa"),
+        ("llama", "eager"),
+        ("gpt2", "sdpa"),
+        ("bert", "sdpa"),
+        ("vit", "sdpa"),
+        ("falcon", "sdpa"),
+        ("mixtral", "sdpa"),
+    ],
 )
 def test_transformers_model_trains_like_eager(name: str, attn: str) -> None:
     make_model, make_batches = HF_MODELS[name]

@@ -571,8 +571,13 @@ def _split_args(
 # column-major), `linalg_eig` its vectors, the FFT kernels theirs in cuFFT's order (`rfftn` of a
 # (5, 6, 7) tensor: strides (6, 1, 30), eager's (24, 4, 1)), and a pooling kernel dropped
 # channels_last. While lazyxla runs a meta kernel, a meta tensor's hint is "cpu"; everyone
-# else's calls (FakeTensor, inductor) see PyTorch's own function unchanged.
+# else's calls (FakeTensor, inductor) see PyTorch's own function unchanged. One exception: an
+# integer `histc` is an accelerator's op (eager's CPU and MPS kernels refuse it, CUDA's computes
+# it), and programs take it on any device that is neither: transformers' mixture-of-experts
+# layers count tokens per expert with `histc(ids.int())` there, and failed on lazyxla with the
+# CPU's "histogram_cpu not implemented for 'Int'".
 _meta_hint = threading.local()
+_ACCELERATOR_META = frozenset((torch.ops.aten.histc.default,))
 _torch_device_hint = _meta_registrations.device_hint
 
 
@@ -590,7 +595,7 @@ def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
     args, kwargs = _split_args(specs, vals, _to_meta)
     rule = META_RULES.get(op)
     outer = getattr(_meta_hint, "cpu", False)
-    _meta_hint.cpu = True  # Note [Meta kernels see a CPU]
+    _meta_hint.cpu = op not in _ACCELERATOR_META  # Note [Meta kernels see a CPU]
     try:
         if rule is not None:
             return rule(*args, **kwargs)

@@ -353,3 +353,48 @@ def test_variance_warns_on_every_call_where_eager_warns(call):
                 call(to)
             seen.append([w.filename for w in caught if "degrees of freedom" in str(w.message)])
     assert seen[2:] == seen[:2]
+
+
+GROUPED = {  # (mat_a, mat_b, offs): Note [Grouped matmul]'s cases
+    "2d_3d": ((12, 16), (4, 16, 8), [3, 7, 7, 12]),
+    "2d_2d": ((16, 12), (12, 8), [3, 7, 7, 12]),
+    "3d_2d": ((4, 16, 16), (16, 12), [3, 7, 7, 12]),
+    "3d_3d": ((4, 10, 16), (4, 16, 8), None),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_grouped_mm_matches_eager(name):
+    """torch._grouped_mm (F.grouped_mm, transformers' experts) in each layout: values and both
+    gradients as eager's (an empty group included), lowered: no CPU fallback, and new offsets
+    (another routing of tokens to experts) run the same graph."""
+    sa, sb, offs = GROUPED[name]
+    a, b = rnd(*sa, seed=1), rnd(*sb, seed=2)
+    offs = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    fn = lambda a, b, o: torch._grouped_mm(a, b, offs=o)  # noqa: E731
+    before = [k for k in met.counter_names() if k.startswith("aten::")]
+    check(fn, a, b, offs, rtol=1e-5, atol=1e-5)
+    assert [k for k in met.counter_names() if k.startswith("aten::")] == before
+    if offs is not None:
+        compiles = met.counter_value("UncachedCompile")
+        other = torch.tensor([5, 5, 9, 12], dtype=torch.int32)
+        assert_same(
+            fn(to_lazy(a), to_lazy(b), to_lazy(other)), fn(a, b, other), rtol=1e-5, atol=1e-5
+        )
+        assert met.counter_value("UncachedCompile") == compiles
+
+
+def test_grouped_mm_bf16_and_rows_past_the_last_group():
+    """bf16 accumulates in float32 and rounds once, as eager's CPU kernel (within one bf16 ulp of
+    the float64 product: summation order is the CPU's); rows past the last offset are 0 (eager
+    leaves them uninitialized: not compared)."""
+    a, b = rnd(16, 16, seed=3, grad=False), rnd(4, 16, 8, seed=4, grad=False)
+    a, b = a.bfloat16(), b.bfloat16()
+    offs = torch.tensor([3, 7, 7, 12], dtype=torch.int32)
+    got = torch._grouped_mm(to_lazy(a), to_lazy(b), offs=to_lazy(offs)).cpu()
+    assert got.dtype == torch.bfloat16
+    ref = torch.cat(
+        [a[s:e].double() @ b[j].double() for j, (s, e) in enumerate(zip([0, 3, 7, 7], offs))]
+    )
+    torch.testing.assert_close(got[:12].double(), ref, rtol=2**-8, atol=2**-8)
+    assert not got[12:].any()

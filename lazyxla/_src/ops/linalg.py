@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..meta import META_RULES
 from .registry import axis_of, float_operand, is_const, lowering, to_opmath
 
 aten = torch.ops.aten
@@ -133,3 +134,100 @@ def addr(x, vec1, vec2, *, beta=1, alpha=1):
     if is_const(beta, 0):
         return jnp.broadcast_to(out, jnp.broadcast_shapes(jnp.shape(x), out.shape))
     return jnp.where(beta == 0, out, op(op(beta, x, jnp.multiply), out, jnp.add))
+
+
+# Note [Grouped matmul]
+# `torch._grouped_mm` (F.grouped_mm: transformers' mixture-of-experts layers) has only a composite
+# kernel off CUDA, which reads `offs` to the host and multiplies static slices: on lazyxla each new
+# routing of tokens to experts was a new graph (a Mixtral training step compiled twice per step).
+# Lowered to XLA's ragged dot, `offs` stays data. The three layouts with offsets, as PyTorch
+# defines them (offs: each group's end along the ragged dimension):
+#   2-D (m, k) x 3-D (g, k, n) -> (m, n): rows of group j multiply b[j] (the forward, and the
+#       input's gradient);
+#   2-D (k, m) x 2-D (m, n) -> (g, k, n): group j sums over its part of m (the weights' gradient);
+#   3-D (g, m, k) x 2-D (k, n) -> (m, n): columns of group j come from a[j].
+# Rows (columns) past the last offset are 0 (eager leaves them uninitialized); an empty group's
+# product is 0. Without offsets it is a batched matmul (3-D x 3-D).
+def _group_sizes(offs, total):
+    ends = jnp.minimum(offs.astype(jnp.int32), total)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def _ragged(lhs, rhs, sizes, dims):
+    pref = jnp.float32 if lhs.dtype in _LOW else None
+    return lax.ragged_dot_general(
+        lhs, rhs, sizes, dims, precision=_HIGHEST, preferred_element_type=pref
+    )
+
+
+_ROWS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (1,)), ((), ())),
+    lhs_ragged_dimensions=(0,),
+    rhs_group_dimensions=(0,),
+)
+_CONTRACTED = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (0,)), ((), ())),
+    lhs_ragged_dimensions=(1,),
+    rhs_group_dimensions=(),
+)
+
+
+@lowering(aten._grouped_mm.default)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    if offs is None:
+        out = matmul_opmath(a, b)
+        group = None
+    elif a.ndim == 2 and b.ndim == 3:
+        group = jnp.searchsorted(offs.astype(jnp.int32), jnp.arange(a.shape[0]), side="right")
+        out = _ragged(a, b, _group_sizes(offs, a.shape[0]), _ROWS)
+    elif a.ndim == 2 and b.ndim == 2:
+        return _ragged(a, b, _group_sizes(offs, a.shape[1]), _CONTRACTED)
+    else:  # 3-D x 2-D: ragged columns, as the transposed 2-D x 3-D product
+        group = jnp.searchsorted(offs.astype(jnp.int32), jnp.arange(b.shape[1]), side="right")
+        sizes = _group_sizes(offs, b.shape[1])
+        out = _ragged(b.T, jnp.swapaxes(a, 1, 2), sizes, _ROWS).T
+    if bias is None:
+        return out
+    if group is None:  # (batched: one bias row per batch)
+        return out + bias[:, None, :]
+    g = bias.shape[0]
+    rows = jnp.where((group < g)[:, None], bias[jnp.minimum(group, g - 1)], 0)
+    return out + (rows if a.ndim == 2 else rows.T)
+
+
+def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+    """The output of each case of Note [Grouped matmul]. PyTorch's meta kernel is CUDA's, which
+    takes bfloat16 alone; eager's CPU kernel (and this lowering) any floating dtype."""
+    torch._check(
+        a.dim() in (2, 3) and b.dim() in (2, 3),
+        lambda: (
+            f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and "
+            f"mat_b.dim()={b.dim()}"
+        ),
+    )
+    torch._check(
+        a.dtype == b.dtype, lambda: f"mat_a and mat_b must have one dtype: {a.dtype}, {b.dtype}"
+    )
+    torch._check(
+        a.size(-1) == b.size(-2 if b.dim() == 3 else 0),
+        lambda: (
+            f"contraction dimension of mat_a and mat_b must match: {tuple(a.shape)}, "
+            f"{tuple(b.shape)}"
+        ),
+    )
+    torch._check(
+        (offs is not None) == (a.dim() == 2 or b.dim() == 2),
+        lambda: "offs must be given when a multiplicand is 2D, and only then",
+    )
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.size(0), b.size(2))
+    elif a.dim() == 2:
+        shape = (offs.size(0), a.size(0), b.size(1))
+    elif b.dim() == 2:
+        shape = (a.size(1), b.size(1))
+    else:
+        shape = (a.size(0), a.size(1), b.size(2))
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+META_RULES[aten._grouped_mm.default] = _grouped_mm_meta
