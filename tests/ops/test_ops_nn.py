@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -388,3 +390,36 @@ def test_embedding_max_norm_renorms_in_the_graph(dtype, norm_type):
     torch.testing.assert_close(outs[1][1], outs[0][1], **tol)
     assert not torch.equal(outs[0][1], weight)  # some rows were renormed
     assert met.counter_value("aten::embedding_renorm_") is None
+
+
+@pytest.mark.parametrize("dim", [0, -1, 2])
+def test_weight_norm_is_lowered_like_eager(dim):
+    """nn.utils.parametrizations.weight_norm (torch._weight_norm's fused interface, forward and
+    backward: Note [Weight norm]) on a Conv1d, as wav2vec2's positional convolution uses it:
+    output and the gradients of the direction and magnitude within float32 rounding of the
+    float64 result, and nothing on the CPU fallback."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    import lazyxla.debug.metrics as met
+
+    torch.manual_seed(0)
+    conv = weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim)
+    x = torch.randn(2, 4, 9)
+    before = {k: met.counter_value(k) for k in met.counter_names() if k.startswith("aten::")}
+    results = {}
+    for name, (m, inp) in {
+        "f64": (copy.deepcopy(conv).double(), x.double()),
+        "lazy": (copy.deepcopy(conv).to(DEV), x.to(DEV)),
+    }.items():
+        out = m(inp)
+        out.backward(
+            torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape).to(inp.device)
+        )
+        p = m.parametrizations.weight
+        results[name] = [out.detach().cpu().double()] + [
+            t.grad.cpu().double() for t in (p.original0, p.original1)
+        ]
+    after = {k: met.counter_value(k) for k in met.counter_names() if k.startswith("aten::")}
+    assert after == before
+    for got, want in zip(results["lazy"], results["f64"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -597,6 +597,30 @@ def fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask
     return _present((gx.astype(x.dtype) if output_mask[0] else None), gw)
 
 
+# Note [Weight norm]
+# `torch._weight_norm` (nn.utils.weight_norm and its parametrization: wav2vec2's and HuBERT's
+# positional convolution, audio vocoders) calls the fused `_weight_norm_interface` on any device
+# when `dim` is the first or the last; it ran through the CPU fallback, forward and backward, each
+# step. As eager's kernel: the norm of `v` over every dim but `dim` (kept as size-1 dims, in
+# float32 for bf16/fp16), w = v * (g / norm) rounded once; the backward's
+# grad_g = sum(grad_w * v) / norm and grad_v = (g / norm) * (grad_w - v * grad_g / norm).
+def _norm_axes(v, dim):
+    return tuple(i for i in range(v.ndim) if i != dim % max(v.ndim, 1))
+
+
+@lowering(aten._weight_norm_interface.default)
+def weight_norm_interface(v, g, dim=0):
+    norms = jnp.sqrt(jnp.sum(v * v, axis=_norm_axes(v, dim), keepdims=True))
+    return v * (g / norms), norms
+
+
+@lowering(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, v, g, norms, dim):
+    grad_g = jnp.sum(grad_w * v, axis=_norm_axes(v, dim), keepdims=True) / norms
+    grad_v = (g / norms) * (grad_w - v * (grad_g / norms))
+    return grad_v, grad_g
+
+
 # Long-tail families (ops/__init__.py imports this module; importing these registers them).
 # Attention's custom ops and the scaled_dot_product_attention kernel (Note [Blockwise attention]),
 # and torch.utils.checkpoint on lazy tensors (Note [Checkpointing]): both register on import.
