@@ -237,6 +237,24 @@ def node_with_desc(
     return n
 
 
+def _leaf_with_desc(op: str, hit: tuple[int, tuple[TensorSpec, ...]], data: Any) -> Node:
+    """A data leaf (`op` DEVICE_DATA or SCALAR) whose descriptor id and specs are known: the node
+    `Node(...)` builds, without interning its descriptor again."""
+    n = _new_node(Node)
+    n.op = op
+    n.rule = None
+    n.inputs = ()
+    n.args = ()
+    n.kwargs = ()
+    n.specs = hit[1]
+    n.desc = hit[0]
+    n.data = data
+    n.src = None
+    n.meta = None
+    n.aten = None
+    return n
+
+
 _SCALAR_DESCS: dict[torch.dtype, tuple[int, tuple[TensorSpec, ...]]] = {}
 
 
@@ -247,19 +265,7 @@ def scalar_fast(value: Any, dtype: torch.dtype) -> Node:
         n = scalar(value, dtype)
         _SCALAR_DESCS[dtype] = (n.desc, n.specs)
         return n
-    n = _new_node(Node)
-    n.op = SCALAR
-    n.rule = None
-    n.inputs = ()
-    n.args = ()
-    n.kwargs = ()
-    n.specs = hit[1]
-    n.desc = hit[0]
-    n.data = value
-    n.src = None
-    n.meta = None
-    n.aten = None
-    return n
+    return _leaf_with_desc(SCALAR, hit, value)
 
 
 _DATA_DESCS: dict[TensorSpec, tuple[int, tuple[TensorSpec, ...]]] = {}
@@ -274,19 +280,7 @@ def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:
         if sharding is None:
             _DATA_DESCS[spec] = (n.desc, n.specs)
         return n
-    n = _new_node(Node)
-    n.op = DEVICE_DATA
-    n.rule = None
-    n.inputs = ()
-    n.args = ()
-    n.kwargs = ()
-    n.specs = hit[1]
-    n.desc = hit[0]
-    n.data = array
-    n.src = None
-    n.meta = None
-    n.aten = None
-    return n
+    return _leaf_with_desc(DEVICE_DATA, hit, array)
 
 
 def scalar(value: Any, dtype: torch.dtype) -> Node:
