@@ -62,6 +62,23 @@ def test_rand_randn(shape, dtype):
         assert abs(nc.std().item() - 1) < 0.1
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_arange_of_float_bounds_has_eagers_length(dtype):
+    """Eager's integer arange takes its values from the truncated start and step, and its length
+    from the truncated bounds for int64 but from the bounds as given for narrower dtypes
+    (`arange(0., -8.000001, -4., dtype=uint8)`: 3 elements, 0 252 248). Read through a float op,
+    so XLA computes it (an integer-only graph is answered on the host by eager itself)."""
+    for start, end, step in (
+        (0.0, -8.000001, -4.0),
+        (0.5, 7.9, 2.5),
+        (-3.2, 4.7, 1.9),
+        (10, 0, -3),
+    ):
+        want = torch.arange(start, end, step, dtype=dtype).float() + 0.5
+        got = torch.arange(start, end, step, dtype=dtype, device=DEV).float() + 0.5
+        assert_same(got, want, exact=True)
+
+
 def test_randint_and_ranges():
     r = torch.randint(3, 9, (2000,), device=DEV)
     assert r.dtype == torch.int64 and r.shape == (2000,)

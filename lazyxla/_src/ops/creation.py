@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -107,7 +108,15 @@ def empty_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_
 @lowering(aten.arange.start_step, static=("start", "end", "step"))
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     if dtype is not None and not dtype.is_floating_point and not dtype.is_complex:
-        start, end, step = int(start), int(end), int(step)  # eager: integer bounds and step
+        # Eager's integer arange: values from the truncated start and step; its length from the
+        # truncated bounds for int64, but from the bounds as given (in double) for the narrower
+        # integer dtypes: arange(0., -8.000001, -4., dtype=uint8) has 3 elements, int64's 2.
+        n = None
+        if dtype != torch.int64:
+            n = max(0, math.ceil((float(end) - float(start)) / float(step)))
+        start, end, step = int(start), int(end), int(step)
+        if n is not None:
+            return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(_dt(dtype))
     return jnp.arange(start, end, step, dtype=_dt(dtype) if dtype is not None else None)
 
 
