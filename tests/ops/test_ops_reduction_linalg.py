@@ -398,3 +398,11 @@ def test_grouped_mm_bf16_and_rows_past_the_last_group():
     )
     torch.testing.assert_close(got[:12].double(), ref, rtol=2**-8, atol=2**-8)
     assert not got[12:].any()
+
+
+def test_grouped_mm_bias_is_refused_as_eager():
+    a, b = rnd(12, 16, grad=False), rnd(4, 16, 8, grad=False)
+    offs, bias = torch.tensor([3, 7, 7, 12], dtype=torch.int32), torch.zeros(4, 8)
+    for args in ((a, b, offs, bias), tuple(to_lazy(t) for t in (a, b, offs, bias))):
+        with pytest.raises(RuntimeError, match="Bias not supported yet"):
+            torch._grouped_mm(args[0], args[1], offs=args[2], bias=args[3])

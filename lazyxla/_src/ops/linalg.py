@@ -175,24 +175,13 @@ _CONTRACTED = lax.RaggedDotDimensionNumbers(
 @lowering(aten._grouped_mm.default)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     if offs is None:
-        out = matmul_opmath(a, b)
-        group = None
-    elif a.ndim == 2 and b.ndim == 3:
-        group = jnp.searchsorted(offs.astype(jnp.int32), jnp.arange(a.shape[0]), side="right")
-        out = _ragged(a, b, _group_sizes(offs, a.shape[0]), _ROWS)
-    elif a.ndim == 2 and b.ndim == 2:
+        return matmul_opmath(a, b)
+    if a.ndim == 2 and b.ndim == 3:
+        return _ragged(a, b, _group_sizes(offs, a.shape[0]), _ROWS)
+    if a.ndim == 2:
         return _ragged(a, b, _group_sizes(offs, a.shape[1]), _CONTRACTED)
-    else:  # 3-D x 2-D: ragged columns, as the transposed 2-D x 3-D product
-        group = jnp.searchsorted(offs.astype(jnp.int32), jnp.arange(b.shape[1]), side="right")
-        sizes = _group_sizes(offs, b.shape[1])
-        out = _ragged(b.T, jnp.swapaxes(a, 1, 2), sizes, _ROWS).T
-    if bias is None:
-        return out
-    if group is None:  # (batched: one bias row per batch)
-        return out + bias[:, None, :]
-    g = bias.shape[0]
-    rows = jnp.where((group < g)[:, None], bias[jnp.minimum(group, g - 1)], 0)
-    return out + (rows if a.ndim == 2 else rows.T)
+    # 3-D x 2-D: ragged columns, as the transposed 2-D x 3-D product
+    return _ragged(b.T, jnp.swapaxes(a, 1, 2), _group_sizes(offs, b.shape[1]), _ROWS).T
 
 
 def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
@@ -208,6 +197,7 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     torch._check(
         a.dtype == b.dtype, lambda: f"mat_a and mat_b must have one dtype: {a.dtype}, {b.dtype}"
     )
+    torch._check(bias is None, lambda: "Bias not supported yet")  # (eager's CPU kernel's words)
     torch._check(
         a.size(-1) == b.size(-2 if b.dim() == 3 else 0),
         lambda: (
