@@ -61,17 +61,21 @@ def _fallback_counts() -> dict[str, int]:
 # --- the models -------------------------------------------------------------------------------
 
 
+# The sizes of the Llama-style decoders (Llama, Mixtral): grouped-query attention, 2 layers.
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    attention_dropout=0.0,
+)
+
+
 def _llama(attn: str) -> nn.Module:
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attention_dropout=0.0,
-    )
+    cfg = transformers.LlamaConfig(**_DECODER)
     return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=attn)
 
 
@@ -111,17 +115,7 @@ def _falcon(attn: str) -> nn.Module:
 def _mixtral(attn: str) -> nn.Module:
     """Mixture of experts: transformers counts tokens per expert with an integer `histc` on any
     device but the CPU (lazyxla's meta kernels must not refuse it as the CPU's does)."""
-    cfg = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    cfg = transformers.MixtralConfig(**_DECODER, num_local_experts=4, num_experts_per_tok=2)
     return transformers.MixtralForCausalLM._from_config(cfg, attn_implementation=attn)
 
 
