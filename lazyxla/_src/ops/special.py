@@ -391,11 +391,10 @@ def install() -> None:
     # their own that eager's CPU computes with bitwise_left_shift's kernel and promotion. Their
     # meta kernels refuse a bool `self` that eager shifts (`bool_tensor << 2` is int64), so they
     # record as the bitwise ops they are.
-    for dunder, idunder, op in (
-        (aten.__lshift__, aten.__ilshift__, aten.bitwise_left_shift),
-        (aten.__rshift__, aten.__irshift__, aten.bitwise_right_shift),
+    for dunder, idunder, op, inplace in (
+        (aten.__lshift__, aten.__ilshift__, aten.bitwise_left_shift, aten.bitwise_left_shift_),
+        (aten.__rshift__, aten.__irshift__, aten.bitwise_right_shift, aten.bitwise_right_shift_),
     ):
-        inplace = getattr(aten, op.__name__ + "_")
         register_kernel(dunder.Scalar, op.Tensor_Scalar)
         register_kernel(dunder.Tensor, op.Tensor)
         register_kernel(idunder.Scalar, inplace.Tensor_Scalar)
