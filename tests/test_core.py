@@ -169,6 +169,19 @@ def test_fallback_runs_on_cpu_counts_and_warns_once():
     assert sum("aten::nonzero" in str(m.message) for m in w) == 1
 
 
+def test_fallback_results_keep_eager_layout():
+    """A CPU-fallback result comes back with eager's strides when they are a dense permutation
+    (nonzero's and argwhere's results are column-major); values and counts as eager's."""
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    for op in (torch.nonzero, torch.argwhere, lambda t: torch.unique(t.t(), dim=1)):
+        eager, lazy = op(x), op(x.to(dev))
+        assert lazy.stride() == eager.stride() and lazy.is_contiguous() == eager.is_contiguous()
+        torch.testing.assert_close(lazy.cpu(), eager)
+        # the layout is real, not just reported: storage order reads eager's storage order
+        n = eager.numel()
+        torch.testing.assert_close(lazy.as_strided((n,), (1,)).cpu(), eager.as_strided((n,), (1,)))
+
+
 def test_fallback_off_raises_naming_the_op():
     config.FLAGS.set("cpu_fallback", False)
     try:

@@ -22,6 +22,7 @@ from .config import FLAGS
 from .ir import _user_frame
 from .tensor import DEVICE_TYPE, state, write
 from .transfer import download, upload
+from .writes import non_overlapping_and_dense
 
 _warned: set[str] = set()
 _lib = torch.library.Library("_", "IMPL")
@@ -48,7 +49,10 @@ def _to_device(v: Any) -> Any:
             # Lazy tensors are dense (as torch_xla's): a sparse result (embedding_bag's backward
             # with sparse=True) comes back as its dense equivalent, as torch_xla's dense fallback.
             v = v.to_dense()
-        return upload(v)
+        # Eager's layout comes with the values: nonzero's and argwhere's column-major results,
+        # a channels_last output (a dense permutation; anything else comes back contiguous).
+        keep = not v.is_contiguous() and non_overlapping_and_dense(v)
+        return upload(v, stride=tuple(v.stride()) if keep else None)
     if isinstance(v, (list, tuple)):
         return type(v)(_to_device(x) for x in v)
     return v

@@ -133,8 +133,6 @@ _COLUMN_MAJOR = (
     "LAPACK's column-major result; the op has no meta kernel to read eager's strides from"
 )
 LAYOUT_DIFFERS: dict[str, str] = {
-    "argwhere": "a data-dependent shape: the CPU fallback's result is uploaded contiguous, "
-    "eager's nonzero is column-major",
     "geqrf": _COLUMN_MAJOR,
     "linalg.lstsq": _COLUMN_MAJOR,
     "linalg.lstsq.grad_oriented": _COLUMN_MAJOR,

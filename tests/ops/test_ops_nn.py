@@ -238,6 +238,25 @@ def test_pool2d(name):
     check(POOLS[name], x.requires_grad_())
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_max_unpool2d_keeps_eager_layout(layout):
+    """Eager's CPU kernel allocates the unpooled output in the input's suggested memory format:
+    a channels_last input unpools to channels_last (PyTorch's meta kernel says contiguous)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randperm(2 * 3 * 8 * 8, generator=g).float() / 100).reshape(2, 3, 8, 8)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(2, 3)
+
+    def unpool(x):
+        y, i = F.max_pool2d(x, 2, return_indices=True)
+        return F.max_unpool2d(y, i, 2)
+
+    out_l, out_c = check(unpool, x.requires_grad_())
+    assert out_l.stride() == out_c.stride()
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_batch_norm_module(train):
     torch.manual_seed(0)

@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
+from ..meta import META_RULES
 from .registry import lowering
 
 aten = torch.ops.aten
@@ -142,6 +144,17 @@ def _unpool_flat(v, indices, spatial, add=False):
 @lowering(aten.max_unpool2d.default)
 def max_unpool2d(x, indices, output_size):
     return _unpool_flat(x, indices, tuple(output_size))
+
+
+def _max_unpool2d_meta(x, indices, output_size):
+    """PyTorch's meta output in eager CPU's layout: the kernel allocates it in the input's
+    suggested memory format (a channels_last input unpools to channels_last); the meta kernel
+    allocates it contiguous."""
+    out = aten.max_unpool2d.default(x, indices, output_size)
+    return out.contiguous(memory_format=suggest_memory_format(x))
+
+
+META_RULES[aten.max_unpool2d.default] = _max_unpool2d_meta
 
 
 @lowering(aten.max_unpool3d.default)
