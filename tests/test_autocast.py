@@ -36,16 +36,18 @@ def test_no_autocast_outside_the_region():
     assert y.dtype == torch.float32
 
 
-def _grad_scaler_run(device):
+def _grad_scaler_run(device, make_opt=lambda ps: torch.optim.SGD(ps, lr=0.1)):
+    """Five GradScaler steps, the third an overflow; returns the parameters, the scales, and per
+    step each parameter's `.grad` after `scaler.step` and the optimizer's state tensors."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     model.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = make_opt(model.parameters())
     scaler = torch.amp.GradScaler(
         device=torch.device(device).type, init_scale=8.0, growth_interval=2
     )
     x = torch.randn(5, 4)
-    scales = []
+    scales, seen = [], []
     for i in range(5):
         opt.zero_grad()
         loss = model(x.to(device)).pow(2).sum()
@@ -55,7 +57,11 @@ def _grad_scaler_run(device):
         scaler.step(opt)
         scaler.update()
         scales.append(scaler.get_scale())
-    return [p.detach().cpu() for p in model.parameters()], scales
+        seen.append(
+            [p.grad.cpu().clone() for p in model.parameters()]  # (on the CPU, .cpu() aliases)
+            + [v.cpu().clone() for st in opt.state.values() for _, v in sorted(st.items())]
+        )
+    return [p.detach().cpu() for p in model.parameters()], scales, seen
 
 
 def test_torch_grad_scaler_runs_in_the_graph():
@@ -63,13 +69,47 @@ def test_torch_grad_scaler_runs_in_the_graph():
     and scales, and no CPU fallback (each step used to copy every gradient to the host)."""
     import lazyxla.debug.metrics as met
 
-    want_params, want_scales = _grad_scaler_run("cpu")
+    want_params, want_scales, _ = _grad_scaler_run("cpu")
     met.clear_all()
-    got_params, got_scales = _grad_scaler_run(dev)
+    got_params, got_scales, _ = _grad_scaler_run(dev)
     assert got_scales == want_scales == [8.0, 16.0, 8.0, 8.0, 16.0]
     for g, w in zip(got_params, want_params):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     assert not [k for k in met.counter_names() if k.startswith("aten::_amp")]
+
+
+FUSED = {
+    "Adam": lambda ps: torch.optim.Adam(ps, lr=0.1, weight_decay=0.1, fused=True),
+    "AdamW_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=0.1, amsgrad=True, fused=True),
+    "SGD_momentum": lambda ps: torch.optim.SGD(
+        ps, lr=0.1, momentum=0.9, weight_decay=0.01, fused=True
+    ),
+    "Adagrad": lambda ps: torch.optim.Adagrad(
+        ps, lr=0.1, lr_decay=0.01, weight_decay=0.1, fused=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_optimizer_under_grad_scaler_as_eager(name):
+    """Note [Fused optimizers and GradScaler]: `scaler.step` hands a fused optimizer the scale
+    and the overflow flag. Each step leaves eager's unscaled `.grad`, and the overflow step
+    leaves every state buffer (momentum, amsgrad's max) as it was; no CPU fallback."""
+    import lazyxla.debug.metrics as met
+
+    want_params, want_scales, want_seen = _grad_scaler_run("cpu", FUSED[name])
+    met.clear_all()
+    got_params, got_scales, got_seen = _grad_scaler_run(dev, FUSED[name])
+    assert got_scales == want_scales
+    for step, (got, want) in enumerate(zip(got_seen, want_seen)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(
+                g, w, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"step {step}: {m}"
+            )
+    for g, w in zip(got_params, want_params):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert not met.cpu_fallback_ops()  # (GradScaler's own `found_inf.item()` is a read)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

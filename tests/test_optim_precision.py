@@ -180,3 +180,30 @@ def test_adam_step_no_farther_from_float64_than_eager(impl: str) -> None:
 
     ref = step("cpu", torch.float64)
     _assert_no_farther(step(dev, torch.float32), step("cpu", torch.float32), ref)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_adagrad_step_no_farther_from_float64_than_eager(impl: str) -> None:
+    """One Adagrad step (weight decay, lr decay at step 10) from mid-training state, on zero
+    parameters as above: the update and the new sum are no farther from float64's than eager's.
+    The fused form is lowered as eager's CPU kernel computes (Note [Fused optimizers and
+    GradScaler])."""
+    state = _adam_state()
+
+    def step(device, dtype):
+        p = torch.nn.Parameter(torch.zeros_like(state["param"], dtype=dtype, device=device))
+        opt_kwargs = {impl: True} if dtype == torch.float32 else {"foreach": False}
+        opt = torch.optim.Adagrad([p], lr=0.01, lr_decay=0.05, weight_decay=WD, **opt_kwargs)
+        opt.state[p] = {
+            "step": torch.tensor(float(STEP - 1), device=device if impl == "fused" else "cpu"),
+            "sum": state["exp_avg_sq"].to(device=device, dtype=dtype) * STEP,
+        }
+        p.grad = state["grad"].to(device=device, dtype=dtype)
+        opt.step()
+        if device == dev:
+            lazyxla.sync()
+        return p.detach().cpu(), opt.state[p]["sum"].cpu()
+
+    ref = step("cpu", torch.float64)
+    for lazy, eager, r in zip(step(dev, torch.float32), step("cpu", torch.float32), ref):
+        _assert_no_farther(lazy, eager, r)

@@ -114,6 +114,29 @@ def _norm(xs, ord=2, dtype=None):
 register(aten._foreach_norm.Scalar, _norm, static=("ord",))
 
 
+# Note [Fused optimizers and GradScaler]
+# A fused optimizer step given GradScaler's `grad_scale` and `found_inf` (`scaler.step(opt)` on an
+# optimizer with `fused=True`) does, in eager's CPU kernels: nothing at all when `found_inf` is 1
+# (parameters, every state buffer and the gradients keep their values; the optimizer then takes
+# its step count back); otherwise it divides each gradient by the scale in the opmath type and
+# stores the unscaled gradient back into `.grad`, before `maximize` negates it. The lowerings
+# below return the gradients as an output for that, and select every output, not just the
+# parameters, on `found_inf`. Scale and flag are GradScaler's shape (1,) tensors: read as 0-d, so
+# a 0-d parameter keeps its shape.
+def _unscaled(g, grad_scale):
+    """`g` in its opmath type, divided by `grad_scale` if given (eager's unscaling)."""
+    x = to_opmath(g)
+    if grad_scale is None:
+        return x
+    return x / grad_scale.reshape(()).astype(x.dtype)
+
+
+def _skipped(found_inf, new, old):
+    """`new` (cast to `old`'s dtype), or `old` where eager's kernel returns early."""
+    new = new.astype(old.dtype)
+    return new if found_inf is None else jnp.where(found_inf.reshape(()) == 1, old, new)
+
+
 def _adam(
     params,
     grads,
@@ -133,11 +156,11 @@ def _adam(
     found_inf=None,
     decoupled,
 ):
-    new_p, new_m, new_v, new_vmax = [], [], [], []
+    new_p, new_g, new_m, new_v, new_vmax = [], [], [], [], []
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         step = state_steps[i].astype(jnp.float32 if p.dtype != jnp.float64 else p.dtype)
-        if grad_scale is not None:
-            g = g / grad_scale
+        g = _unscaled(g, grad_scale)
+        new_g.append(_skipped(found_inf, g, grads[i]))
         if maximize:
             g = -g
         if not is_const(weight_decay, 0):
@@ -152,22 +175,16 @@ def _adam(
         step_size = lr / bc1
         if amsgrad:
             vmax = jnp.maximum(max_exp_avg_sqs[i], v)
-            new_vmax.append(vmax)
+            new_vmax.append(_skipped(found_inf, vmax, max_exp_avg_sqs[i]))
             denom = jnp.sqrt(vmax) / jnp.sqrt(bc2) + eps
         else:
             denom = jnp.sqrt(v) / jnp.sqrt(bc2) + eps
-        upd = p - step_size * m / denom
-        if found_inf is not None:
-            skip = found_inf > 0
-            upd = jnp.where(skip, params[i], upd)
-            m = jnp.where(skip, exp_avgs[i], m)
-            v = jnp.where(skip, exp_avg_sqs[i], v)
-        new_p.append(upd.astype(params[i].dtype))
-        new_m.append(m.astype(exp_avgs[i].dtype))
-        new_v.append(v.astype(exp_avg_sqs[i].dtype))
+        new_p.append(_skipped(found_inf, p - step_size * m / denom, params[i]))
+        new_m.append(_skipped(found_inf, m, exp_avgs[i]))
+        new_v.append(_skipped(found_inf, v, exp_avg_sqs[i]))
     if not amsgrad:
         new_vmax = list(max_exp_avg_sqs)
-    return new_p, list(grads), new_m, new_v, new_vmax
+    return new_p, new_g, new_m, new_v, new_vmax
 
 
 _FLOATS = ("lr", "beta1", "beta2", "weight_decay", "eps")
@@ -183,10 +200,10 @@ for _packet, _decoupled in ((aten._fused_adam, False), (aten._fused_adamw, True)
 
 def _sgd(params, grads, momentum_buffers, *, weight_decay, momentum, lr, dampening, nesterov,
          maximize, is_first_step, grad_scale=None, found_inf=None):  # fmt: skip
-    new_p, new_b = [], []
+    new_p, new_g, new_b = [], [], []
     for i, (p, g) in enumerate(zip(params, grads)):
-        if grad_scale is not None:
-            g = g / grad_scale
+        g = _unscaled(g, grad_scale)
+        new_g.append(_skipped(found_inf, g, grads[i]))
         if maximize:
             g = -g
         if not is_const(weight_decay, 0):
@@ -195,14 +212,11 @@ def _sgd(params, grads, momentum_buffers, *, weight_decay, momentum, lr, dampeni
         if not is_const(momentum, 0):
             buf = g if is_first_step else buf * momentum + (1 - dampening) * g
             g = g + momentum * buf if nesterov else buf
-        upd = p - lr * g
-        if found_inf is not None:
-            upd = jnp.where(found_inf > 0, p, upd)
-        new_p.append(upd.astype(p.dtype))
-        new_b.append(buf.astype(p.dtype) if buf is not None else None)
+        new_p.append(_skipped(found_inf, p - lr * g, p))
+        new_b.append(_skipped(found_inf, buf, momentum_buffers[i]) if buf is not None else None)
     if not momentum_buffers:
         new_b = list(momentum_buffers)
-    return new_p, list(grads), new_b
+    return new_p, new_g, new_b
 
 
 for _ov in ("default", "tensor_lr"):
@@ -211,6 +225,42 @@ for _ov in ("default", "tensor_lr"):
             getattr(aten._fused_sgd, _ov),
             _sgd,
             lift=("lr", "momentum", "weight_decay", "dampening"),
+        )
+
+
+def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+             maximize, grad_scale=None, found_inf=None):  # fmt: skip
+    """Eager's CPU kernel (its vectorized loop, which takes all but a tail of each tensor): the
+    decayed rate `lr / (1 + (step - 1) * lr_decay)` in double from the float step count, then
+    it and the other constants rounded to the parameter's dtype and used in its opmath type."""
+    new_p, new_g, new_s = [], [], []
+    for i, (p, g, ssum) in enumerate(zip(params, grads, state_sums)):
+        x = _unscaled(g, grad_scale)
+        new_g.append(_skipped(found_inf, x, g))
+        ot = x.dtype
+
+        def const(c):
+            return jnp.asarray(c).astype(p.dtype).astype(ot)
+
+        if maximize:
+            x = -x
+        if not is_const(weight_decay, 0):
+            x = x + p.astype(ot) * const(weight_decay)
+        total = ssum.astype(ot) + x * x
+        step = state_steps[i].astype(jnp.float32).astype(jnp.float64)
+        clr = lr / (1 + (step - 1) * lr_decay)
+        std = jnp.sqrt(total) + const(eps)
+        new_p.append(_skipped(found_inf, p.astype(ot) - const(clr) * x / std, p))
+        new_s.append(_skipped(found_inf, total, ssum))
+    return new_p, new_g, new_s, list(state_steps)
+
+
+for _ov in ("default", "tensor_lr"):
+    if _ov in aten._fused_adagrad.overloads():
+        register(
+            getattr(aten._fused_adagrad, _ov),
+            _adagrad,
+            lift=("lr", "lr_decay", "weight_decay", "eps"),
         )
 
 
