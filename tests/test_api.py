@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import pytest
 import torch
@@ -514,4 +515,34 @@ def test_module_to_keeps_parameters_and_ties():
     torch.testing.assert_close(model.embed.weight.cpu(), ref.embed.weight)
     model.cpu()
     assert model.head.weight is model.embed.weight is w and w.device.type == "cpu"
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+def test_module_to_a_parameter_that_cannot_swap():
+    """The deprecated `nn.utils.weight_norm` keeps `weight_g` referenced (its computed `weight`'s
+    autograd graph), so PyTorch refuses to swap it: the move still happens, as torch_xla's (new
+    Parameter objects), with a warning that says so; training then matches eager."""
+
+    def make():
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # (weight_norm's deprecation)
+            return torch.nn.utils.weight_norm(torch.nn.Linear(5, 3))
+
+    ref, model = make(), make()  # (it cannot be deep-copied either)
+    from lazyxla._src import tensor
+
+    tensor._unswapped_warned.clear()  # (it warns once per process)
+    with pytest.warns(UserWarning, match="Couldn't swap Linear.weight_g.*after the move"):
+        model.to(lazyxla.device())
+    assert model.weight_g.device.type == model.weight_v.device.type == "jax"
+    x = torch.randn(2, 5)
+    for m, xin in ((model, x.to(lazyxla.device())), (ref, x)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            m(xin).pow(2).sum().backward()
+            opt.step()
+    for name in ("weight_g", "weight_v", "bias"):
+        torch.testing.assert_close(getattr(model, name).cpu(), getattr(ref, name))
     assert not torch.__future__.get_swap_module_params_on_conversion()

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -380,6 +381,20 @@ def _patch_storage_checks() -> None:
     torch.Tensor._reduce_ex_internal = _reduce_ex_internal
 
 
+_unswapped_warned: list[bool] = []
+
+
+def _warn_unswapped(why: str) -> None:
+    if not _unswapped_warned:
+        _unswapped_warned.append(True)
+        warnings.warn(
+            f"lazyxla: {why} in place (another tensor references it); the module's remaining "
+            "parameters move as new Parameter objects instead, as torch_xla moves them: build "
+            "the optimizer, and tie shared weights, after the move",
+            stacklevel=4,
+        )
+
+
 def _patch_module_to() -> None:
     """Moving a module to or from a lazyxla device keeps each Parameter object (as a move to CUDA
     does), so tied weights stay tied and an optimizer built before the move keeps working.
@@ -398,6 +413,14 @@ def _patch_module_to() -> None:
         future.set_swap_module_params_on_conversion(True)
         try:
             return call()
+        except RuntimeError as e:
+            # PyTorch swaps only a tensor nothing else references: the old `weight_norm`'s
+            # `weight` is computed at registration, and its autograd graph holds `weight_g`.
+            if "Couldn't swap" not in str(e):
+                raise
+            _warn_unswapped(str(e))
+            future.set_swap_module_params_on_conversion(prev)
+            return call()  # (the parameters already swapped convert to themselves)
         finally:
             future.set_swap_module_params_on_conversion(prev)
 
