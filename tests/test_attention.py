@@ -346,3 +346,54 @@ def test_double_backward_with_partition_spec_is_refused():
         assert g.shape == q.shape
     finally:
         sharding._leave_spmd_for_tests()
+
+
+def _encoder(batch_first: bool, norm: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first)
+    return torch.nn.TransformerEncoder(
+        layer, 2, norm=torch.nn.LayerNorm(8) if norm else None, enable_nested_tensor=True
+    ).eval()
+
+
+FASTPATH = {
+    # (eager CPU takes the nested-tensor path: padded positions come back zero, before the norm)
+    "encoder_padding_mask": lambda m, x, pad: m(x, src_key_padding_mask=pad),
+    "encoder_float_padding_mask": lambda m, x, pad: m(
+        x, src_key_padding_mask=torch.zeros(pad.shape, device=x.device).masked_fill(pad, -1e9)
+    ),
+    "encoder_causal_and_padding": lambda m, x, pad: m(
+        x,
+        mask=torch.nn.Transformer.generate_square_subsequent_mask(5, device=x.device),
+        src_key_padding_mask=pad,
+        is_causal=True,
+    ),
+    # (not left-aligned: eager's encoder takes its standard path, padded positions are computed)
+    "encoder_right_aligned_mask": lambda m, x, pad: m(x, src_key_padding_mask=pad.flip(-1)),
+    "encoder_no_mask": lambda m, x, pad: m(x),
+    "layer_padding_mask": lambda m, x, pad: m.layers[0](x, src_key_padding_mask=pad),
+    "mha_padding_mask": lambda m, x, pad: m.layers[0].self_attn(x, x, x, key_padding_mask=pad),
+}
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("name", list(FASTPATH))
+def test_transformer_inference_fast_path_as_eager(name, norm, batch_first):
+    """Note [Transformer fast path]: in inference, PyTorch's MultiheadAttention and
+    TransformerEncoder(Layer) take fused kernels and nested tensors on the CPU and on any
+    PrivateUse1 device; on lazyxla they run lowered ops, with eager's values (padded positions
+    included) and no CPU fallback. With a padding mask the encoder failed on lazyxla."""
+    model = _encoder(batch_first, norm)
+    lazy_model = _encoder(batch_first, norm).to(lazyxla.device())
+    x = torch.randn(2, 5, 8) if batch_first else torch.randn(5, 2, 8)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    met.clear_all()
+    with torch.no_grad():
+        want = FASTPATH[name](model, x, pad)
+        got = FASTPATH[name](lazy_model, x.to(lazyxla.device()), pad.to(lazyxla.device()))
+    for w, g in zip(
+        want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)
+    ):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
+    assert not met.cpu_fallback_ops()
