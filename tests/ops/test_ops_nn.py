@@ -114,10 +114,19 @@ def test_bf16_logits_cross_entropy():
     check(lambda x, t: F.cross_entropy(x.float(), t), rnd(6, 5, dtype=torch.bfloat16), TARGET)
 
 
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
 @pytest.mark.parametrize("padding_idx", [None, 0, 3])
-def test_embedding(padding_idx):
+def test_embedding(padding_idx, scale_grad_by_freq):
+    """(scale_grad_by_freq divides each row's gradient by its index's count in the batch: index 3
+    occurs three times here)"""
     idx = torch.tensor([[0, 3, 3, 1], [2, 0, 5, 3]])
-    check(lambda w, i: F.embedding(i, w, padding_idx=padding_idx), rnd(6, 4), idx)
+    check(
+        lambda w, i: F.embedding(
+            i, w, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq
+        ),
+        rnd(6, 4),
+        idx,
+    )
 
 
 def test_embedding_module_grad_accumulates_repeated_indices():

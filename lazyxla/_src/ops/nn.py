@@ -255,8 +255,19 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     g = grad.reshape(idx.shape[0], -1)
     if padding_idx >= 0:
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    if scale_grad_by_freq:
+        g = _by_frequency(g, idx, num_weights)
     out = jnp.zeros((num_weights, g.shape[1]), grad.dtype).at[idx].add(g)
     return out
+
+
+def _by_frequency(g, idx, num_weights):
+    """`scale_grad_by_freq`: each gradient row divided by how often its index occurs in the
+    batch, as eager's CPU kernel scales it: by 1 / count, computed in double and rounded to the
+    gradient's dtype (`add_`'s alpha), applied in opmath."""
+    counts = jnp.zeros(num_weights, jnp.int32).at[idx].add(1)
+    scale = (1.0 / counts[idx].astype(jnp.float64)).astype(g.dtype)
+    return (to_opmath(g) * to_opmath(scale)[:, None]).astype(g.dtype)
 
 
 def _acc_type(x):
