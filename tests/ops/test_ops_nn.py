@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from util import DEV, assert_same, check, leaf, to_cpu, to_lazy
 
+import lazyxla
+import lazyxla.debug.metrics as met
+
 
 def rnd(*shape, seed=0, grad=True, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
@@ -451,3 +454,94 @@ def test_weight_norm_is_lowered_like_eager(dim):
     assert after == before
     for got, want in zip(results["lazy"], results["f64"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# Note [Embedding bags]: (indices, offsets) with an empty bag (offsets 3, 3) and repeated rows.
+BAG_IDX = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 4])
+BAG_OFFSETS = torch.tensor([0, 3, 3, 7])
+BAGS = {
+    "sum": dict(mode="sum"),
+    "mean": dict(mode="mean"),
+    "max": dict(mode="max"),
+    "sum_padding": dict(mode="sum", padding_idx=4),
+    "mean_padding": dict(mode="mean", padding_idx=4),
+    "max_padding": dict(mode="max", padding_idx=4),
+    # (the last offset is the end: eager's CPU max folds entries past it into the last bag)
+    "sum_last_offset": dict(mode="sum", include_last_offset=True, offsets=[0, 3, 3, 7, 9]),
+    "max_last_offset": dict(mode="max", include_last_offset=True, offsets=[0, 3, 3, 7, 9]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAGS))
+def test_embedding_bag_is_lowered_like_eager(name):
+    """nn.EmbeddingBag ran through the CPU fallback forward and backward; lowered, each mode's
+    output and weight gradient match eager's (max: ties to the first row), with no fallback."""
+    kw = dict(BAGS[name])
+    offsets = torch.tensor(kw.pop("offsets", BAG_OFFSETS.tolist()))
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(10, 5, generator=g)
+    weight[2, 1] = weight[5, 1] = weight[1, 1]  # a tie in max mode
+    met.clear_all()
+    check(
+        lambda w: F.embedding_bag(BAG_IDX.to(w.device), w, offsets.to(w.device), **kw),
+        weight.requires_grad_(),
+    )
+    assert not met.cpu_fallback_ops()
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq_is_the_documented_one(mode):
+    """Each row's gradient divided by its index's count in the batch (pytorch/pytorch#190063:
+    eager's CPU kernel divides some rows by another index's count). The reference is the same
+    bags built from `F.embedding(scale_grad_by_freq=True)` in float64."""
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(10, 5, generator=g, dtype=torch.float64)
+    bag_of = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3])  # BAG_IDX's bags under BAG_OFFSETS
+    sizes = torch.bincount(bag_of, minlength=4).clamp(min=1).double()
+
+    ref_w = weight.clone().requires_grad_()
+    rows = F.embedding(BAG_IDX, ref_w, scale_grad_by_freq=True)
+    ref = torch.zeros(4, 5, dtype=torch.float64).index_add(0, bag_of, rows)
+    if mode == "mean":
+        ref = ref / sizes[:, None]
+    cot = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    ref.backward(cot)
+
+    w = weight.float().to(DEV).requires_grad_()
+    out = F.embedding_bag(
+        BAG_IDX.to(DEV), w, BAG_OFFSETS.to(DEV), mode=mode, scale_grad_by_freq=True
+    )
+    out.backward(cot.float().to(DEV))
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w.grad.cpu().double(), ref_w.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_bag_per_sample_weights_and_2d_input():
+    """Weighted sums (both gradients), and a 2-d input of fixed-size bags."""
+    g = torch.Generator().manual_seed(1)
+    check(
+        lambda w, psw: F.embedding_bag(
+            BAG_IDX.to(w.device), w, BAG_OFFSETS.to(w.device), per_sample_weights=psw, mode="sum"
+        ),
+        torch.randn(10, 5, generator=g).requires_grad_(),
+        torch.rand(9, generator=g).requires_grad_(),
+    )
+    check(
+        lambda w: F.embedding_bag(BAG_IDX[:8].view(4, 2).to(w.device), w, mode="max"),
+        torch.randn(10, 5, generator=g).requires_grad_(),
+    )
+
+
+def test_embedding_bag_new_offsets_reuse_the_graph():
+    """Bags are found from the offsets inside the graph: new offsets and indices of the same
+    sizes are the same program."""
+    bag = torch.nn.EmbeddingBag(10, 4, mode="mean").to(DEV)
+    compiles = []
+    for offsets in ([0, 3, 3, 7], [0, 1, 5, 8], [0, 2, 2, 2]):
+        bag.zero_grad(set_to_none=True)
+        met.clear_all()
+        out = bag(BAG_IDX.to(DEV), torch.tensor(offsets).to(DEV))
+        out.sum().backward()
+        lazyxla.sync()
+        compiles.append(met.counter_value("UncachedCompile") or 0)
+    assert compiles[0] >= 1 and compiles[1:] == [0, 0], compiles

@@ -270,6 +270,120 @@ def _by_frequency(g, idx, num_weights):
     return (to_opmath(g) * to_opmath(scale)[:, None]).astype(g.dtype)
 
 
+# Note [Embedding bags]
+# `nn.EmbeddingBag` / `F.embedding_bag` reach `_embedding_bag(weight, indices, offsets, ...)` with
+# 1-d indices and each bag's start offset (a 2-d input is flattened by F.embedding_bag first).
+# Bag ids come from the offsets (`searchsorted`), so shapes stay static and new offsets reuse the
+# graph; entries equal to `padding_idx` count nowhere, nor (`include_last_offset`) entries past
+# the last offset. Two eager CPU quirks are not followed, the documented semantics are (as CUDA's
+# kernels and, since pytorch/pytorch#190264, the CPU's): its max mode folds such trailing entries
+# into the last bag, and its `scale_grad_by_freq` backward divided some rows by another index's
+# count (pytorch/pytorch#190063). Sum (optionally weighted per sample) and
+# mean accumulate in opmath; an empty bag is zeros. Max takes, per bag and column, the first
+# maximal row (eager's strict `>`), and `max_indices` names that row. The auxiliary outputs have
+# eager's CPU shapes and values: `offset2bag` each entry's bag (empty on the CPU kernel's fast
+# sum), `bag_size` each bag's count (0 in sum mode), `max_indices` (bags, dim) in max mode and
+# `bag_size` otherwise; no caller reads them but the backward, which recomputes
+# bags and counts from the offsets; the weight's gradient is dense (as the CPU fallback returned
+# `sparse=True`'s before).
+def _bags(indices, offsets, n_bags, padding_idx):
+    """Each entry's bag (clipped into range) and whether it counts."""
+    bag = jnp.searchsorted(offsets, jnp.arange(indices.shape[0]), side="right") - 1
+    keep = (bag >= 0) & (bag < n_bags) & (indices != padding_idx)
+    return jnp.clip(bag, 0, max(n_bags - 1, 0)), keep
+
+
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                   padding_idx):  # fmt: skip
+    """The output, each entry's bag, each bag's count, and max mode's row indices."""
+    n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    bag, keep = _bags(indices, offsets, n_bags, padding_idx)
+    itype = offsets.dtype
+    rows = to_opmath(jnp.take(weight, indices, axis=0, mode="clip"))
+    counts = jnp.zeros(n_bags, itype).at[bag].add(keep.astype(itype))
+    shape = (n_bags, weight.shape[1])
+    max_indices = None
+    if mode == 2:
+        vals = jnp.where(keep[:, None], rows, -jnp.inf)
+        best = jnp.full(shape, -jnp.inf, rows.dtype).at[bag].max(vals)
+        n = indices.shape[0]
+        hit = keep[:, None] & (rows == best[bag])
+        pos = jnp.where(hit, jnp.arange(n)[:, None], n)
+        first = jnp.full(shape, n, pos.dtype).at[bag].min(pos)
+        max_indices = jnp.where(first < n, indices[jnp.minimum(first, n - 1)], 0).astype(itype)
+        out = jnp.where((counts > 0)[:, None], best, 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * to_opmath(per_sample_weights)[:, None]
+        out = jnp.zeros(shape, rows.dtype).at[bag].add(jnp.where(keep[:, None], rows, 0))
+        if mode == 1:
+            out = jnp.where((counts > 0)[:, None], out / jnp.maximum(counts, 1)[:, None], 0)
+    return out.astype(weight.dtype), bag.astype(itype), counts, max_indices
+
+
+@lowering(aten._embedding_bag.default, opmath=False)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):  # fmt: skip
+    out, bag, counts, max_indices = _embedding_bag(
+        weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx
+    )
+    # eager's CPU kernel (PyTorch's meta follows it): a sum over float/half rows without padding
+    # skips offset2bag; sum mode leaves bag_size 0; outside max mode max_indices is bag_size
+    fast_sum = mode == 0 and weight.dtype in (jnp.float32, jnp.float16) and padding_idx < 0
+    if fast_sum:
+        bag = bag[:0]
+    if mode == 0:
+        counts = jnp.zeros_like(counts)
+    return out, bag, counts, counts if max_indices is None else max_indices
+
+
+@lowering(aten._embedding_bag_forward_only.default, opmath=False)
+def embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0,
+                               sparse=False, per_sample_weights=None, include_last_offset=False,
+                               padding_idx=-1):  # fmt: skip
+    out, bag, counts, max_indices = embedding_bag(
+        weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+        include_last_offset, padding_idx,
+    )  # fmt: skip
+    # (its bag_size has the offsets' length: PyTorch's meta for it)
+    sizes = jnp.zeros(offsets.shape, counts.dtype).at[: counts.shape[0]].set(counts)
+    return out, bag, sizes, max_indices
+
+
+@lowering(aten._embedding_bag_backward.default, opmath=False)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse,
+                           per_sample_weights, padding_idx=-1):  # fmt: skip
+    n_bags, dim = grad.shape
+    bag, keep = _bags(indices, offsets, n_bags, padding_idx)
+    g = to_opmath(grad)
+    if mode == 2:
+        counts = jnp.zeros(n_bags, jnp.int32).at[bag].add(keep.astype(jnp.int32))
+        cols = jnp.broadcast_to(jnp.arange(dim), (n_bags, dim))
+        contrib = jnp.where((counts > 0)[:, None], g, 0)
+        out = jnp.zeros((num_weights, dim), g.dtype).at[maximum_indices, cols].add(contrib)
+        return out.astype(grad.dtype)
+    rows = g[bag]
+    if mode == 1:
+        counts = jnp.zeros(n_bags, jnp.int32).at[bag].add(keep.astype(jnp.int32))
+        rows = rows / jnp.maximum(counts, 1)[bag][:, None]
+    if per_sample_weights is not None:
+        rows = rows * to_opmath(per_sample_weights)[:, None]
+    rows = jnp.where(keep[:, None], rows, 0).astype(grad.dtype)
+    if scale_grad_by_freq:
+        rows = _by_frequency(rows, indices, num_weights)
+    return jnp.zeros((num_weights, dim), grad.dtype).at[indices].add(rows)
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default, opmath=False)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):  # fmt: skip
+    bag, keep = _bags(indices, offsets, grad.shape[0], padding_idx)
+    rows = to_opmath(jnp.take(weight, indices, axis=0, mode="clip"))
+    dots = jnp.sum(to_opmath(grad)[bag] * rows, axis=1)
+    return jnp.where(keep, dots, 0).astype(grad.dtype)
+
+
 def _acc_type(x):
     return jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
 
