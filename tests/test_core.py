@@ -136,6 +136,41 @@ def test_model_to_device_and_back_and_save():
     torch.testing.assert_close(m.weight, ref["weight"])
 
 
+@pytest.mark.parametrize("where", ["device", "string", "mapping"])
+def test_load_with_map_location_to_the_device(where):
+    """`torch.load(f, map_location=<lazyxla device>)` builds each tensor on the device (it
+    crashed the process: PyTorch copied the file's bytes into a device storage); a parameter,
+    an int buffer and a transposed tensor load with eager's values, shapes and strides; a slice
+    with its values (compact: tensors are copied one by one, not their file storages)."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 6)
+    saved = {
+        "weight": torch.nn.Parameter(torch.randn(3, 4)),
+        "steps": torch.tensor([3, 1, 2]),
+        "transposed": base.t(),
+        "slice": base[1:, ::2],
+    }
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    buf.seek(0)
+    location = {"device": dev, "string": "jax:0", "mapping": {"cpu": "jax:0"}}[where]
+    loaded = torch.load(buf, map_location=location)
+    for k, want in saved.items():
+        got = loaded[k]
+        assert got.device == dev, k
+        assert got.dtype == want.dtype and (k == "slice" or got.stride() == want.stride()), k
+        torch.testing.assert_close(got.cpu(), want.detach())
+    assert isinstance(loaded["weight"], torch.nn.Parameter) and loaded["weight"].requires_grad
+
+
+def test_a_device_storage_cannot_be_made_bytewise():
+    with pytest.raises(
+        RuntimeError, match=r"UntypedStorage\(\.\.\., device='jax:0'\).*\.to\(device\)"
+    ):
+        torch.UntypedStorage(12, device=dev)
+    assert torch.UntypedStorage(12).nbytes() == 12  # (the CPU's are untouched)
+
+
 def test_factories_on_device():
     torch.testing.assert_close(torch.zeros(2, 3, device=dev).cpu(), torch.zeros(2, 3))
     torch.testing.assert_close(torch.ones(2, device=dev).cpu(), torch.ones(2))

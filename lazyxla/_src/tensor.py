@@ -379,6 +379,47 @@ def _patch_storage_checks() -> None:
         return reduce_internal(self, proto)
 
     torch.Tensor._reduce_ex_internal = _reduce_ex_internal
+    _patch_loading()
+
+
+def _patch_loading() -> None:
+    """`torch.load(f, map_location=<lazyxla device>)` (or a mapping to one): each saved storage is
+    read on the CPU and each tensor built from it is copied to the device, as `.to(device)`
+    copies it. PyTorch's own path would allocate a device storage and copy bytes into it: a
+    lazyxla storage has no bytes (PyTorch has no allocator for it), and that crashed the
+    process. Tensors that shared a storage in the file are separate copies after the load, as
+    those of `torch.save` of lazy tensors already are (they pickle as their CPU values)."""
+    from torch import _utils, serialization
+
+    def deserialize(storage: Any, location: str) -> Any:
+        if location != DEVICE_TYPE and not location.startswith(DEVICE_TYPE + ":"):
+            return None
+        storage._lx_load_to = torch.device(location)
+        return storage
+
+    serialization.register_package(15, lambda obj: None, deserialize)
+    rebuild = _utils._rebuild_tensor
+
+    def _rebuild_tensor(storage: Any, storage_offset: int, size: Any, stride: Any) -> Any:
+        t = rebuild(storage, storage_offset, size, stride)
+        target = getattr(storage._untyped_storage, "_lx_load_to", None)
+        return t if target is None else t.to(target)
+
+    _utils._rebuild_tensor = _rebuild_tensor
+
+    storage_new = torch.UntypedStorage.__new__
+
+    def new_storage(cls: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if device is not None and torch.device(device).type == DEVICE_TYPE:
+            raise RuntimeError(
+                f"torch.UntypedStorage(..., device={str(device)!r}): lazyxla tensors' storages "
+                "hold no bytes (their values live on the XLA device), so a storage cannot be "
+                "made or filled byte-wise there; make a tensor (torch.empty(n, device=...)) or "
+                "copy a CPU tensor to the device with .to(device)"
+            )
+        return storage_new(cls, *args, **({"device": device} if device else {}), **kwargs)
+
+    torch.UntypedStorage.__new__ = new_storage  # type: ignore[method-assign]
 
 
 _unswapped_warned: list[bool] = []
