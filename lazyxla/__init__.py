@@ -6,8 +6,8 @@ from ._src import tensor as _tensor  # noqa: F401  (registers the 'jax' device)
 from ._src.ops import install as _install
 
 _install()
+from . import _fastpath as _fastpath  # noqa: F401  (Note [Transformer fast path])
 from . import debug as debug
-from ._src import fastpath as _fastpath  # noqa: F401  (Note [Transformer fast path])
 from ._src.api import apply_environment as _apply_environment
 from ._src.api import compile as compile  # noqa: A001  (torch_xla.compile)
 from ._src.api import device as device

@@ -397,3 +397,19 @@ def test_transformer_inference_fast_path_as_eager(name, norm, batch_first):
     ):
         torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)
     assert not met.cpu_fallback_ops()
+
+
+def test_transformer_fast_path_patch_is_transparent_to_dynamo():
+    """The replaced forwards are inlined by torch.compile (they live outside lazyxla._src, which
+    dynamo skips once the lazyxla backend is registered): a CPU encoder compiles as one graph
+    with no break, as it does without lazyxla."""
+    from lazyxla._src import dynamo  # noqa: F401  (registers the skip rules)
+
+    model = _encoder(batch_first=True, norm=True)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        info = torch._dynamo.explain(lambda x: model(x, src_key_padding_mask=pad))(
+            torch.randn(2, 5, 8)
+        )
+    assert info.graph_count == 1 and not info.break_reasons, info.break_reasons

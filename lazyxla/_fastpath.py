@@ -14,6 +14,10 @@ path drops the padded positions and pads the output back with zeros before the f
 here those positions are zeroed at the same point. Whether the nested path would be taken is
 PyTorch's own decision: its `_nested_tensor_from_mask` call is intercepted. (That decision reads
 whether the padding is left-aligned, a value read as in eager.)
+
+This module lives outside `lazyxla._src`, whose frames torch.compile's dynamo skips (dynamo.py):
+there, the replaced forwards would be a graph break in every compiled model holding one of these
+modules. Here dynamo inlines them, and while it compiles they call PyTorch's forward unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import transformer
 
-from .tensor import DEVICE_TYPE
+from ._src.tensor import DEVICE_TYPE
 
 
 @contextlib.contextmanager
@@ -40,7 +44,12 @@ def _standard_path() -> Iterator[None]:
 
 
 def _lazy(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE
+    """A lazyxla tensor, outside a torch.compile trace (Note [Transformer fast path])."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.device.type == DEVICE_TYPE
+        and not torch.compiler.is_compiling()
+    )
 
 
 class _WouldNest(Exception):
