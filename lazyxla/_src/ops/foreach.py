@@ -187,15 +187,16 @@ def _adam(
     return new_p, new_g, new_m, new_v, new_vmax
 
 
+def _register_fused(packet, rule, lift):
+    """A fused optimizer's overloads: a float `lr`, and a tensor one where PyTorch has it."""
+    for ov in ("default", "tensor_lr"):
+        if ov in packet.overloads():
+            register(getattr(packet, ov), rule, lift=lift)
+
+
 _FLOATS = ("lr", "beta1", "beta2", "weight_decay", "eps")
 for _packet, _decoupled in ((aten._fused_adam, False), (aten._fused_adamw, True)):
-    for _ov in ("default", "tensor_lr"):
-        if _ov in _packet.overloads():
-            register(
-                getattr(_packet, _ov),
-                lambda *a, _d=_decoupled, **k: _adam(*a, decoupled=_d, **k),
-                lift=_FLOATS,
-            )
+    _register_fused(_packet, lambda *a, _d=_decoupled, **k: _adam(*a, decoupled=_d, **k), _FLOATS)
 
 
 def _sgd(params, grads, momentum_buffers, *, weight_decay, momentum, lr, dampening, nesterov,
@@ -219,13 +220,7 @@ def _sgd(params, grads, momentum_buffers, *, weight_decay, momentum, lr, dampeni
     return new_p, new_g, new_b
 
 
-for _ov in ("default", "tensor_lr"):
-    if _ov in aten._fused_sgd.overloads():
-        register(
-            getattr(aten._fused_sgd, _ov),
-            _sgd,
-            lift=("lr", "momentum", "weight_decay", "dampening"),
-        )
+_register_fused(aten._fused_sgd, _sgd, ("lr", "momentum", "weight_decay", "dampening"))
 
 
 def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
@@ -255,13 +250,7 @@ def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_dec
     return new_p, new_g, new_s, list(state_steps)
 
 
-for _ov in ("default", "tensor_lr"):
-    if _ov in aten._fused_adagrad.overloads():
-        register(
-            getattr(aten._fused_adagrad, _ov),
-            _adagrad,
-            lift=("lr", "lr_decay", "weight_decay", "eps"),
-        )
+_register_fused(aten._fused_adagrad, _adagrad, ("lr", "lr_decay", "weight_decay", "eps"))
 
 
 # Note [GradScaler's ops]
