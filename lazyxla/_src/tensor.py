@@ -417,7 +417,9 @@ def _patch_loading() -> None:
                 "made or filled byte-wise there; make a tensor (torch.empty(n, device=...)) or "
                 "copy a CPU tensor to the device with .to(device)"
             )
-        return storage_new(cls, *args, **({"device": device} if device else {}), **kwargs)
+        if device is not None:
+            kwargs["device"] = device
+        return storage_new(cls, *args, **kwargs)
 
     torch.UntypedStorage.__new__ = new_storage  # type: ignore[method-assign]
 
