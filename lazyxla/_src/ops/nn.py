@@ -278,29 +278,30 @@ def _by_frequency(g, idx, num_weights):
 # the last offset. Two eager CPU quirks are not followed, the documented semantics are (as CUDA's
 # kernels and, since pytorch/pytorch#190264, the CPU's): its max mode folds such trailing entries
 # into the last bag, and its `scale_grad_by_freq` backward divided some rows by another index's
-# count (pytorch/pytorch#190063). Sum (optionally weighted per sample) and
-# mean accumulate in opmath; an empty bag is zeros. Max takes, per bag and column, the first
-# maximal row (eager's strict `>`), and `max_indices` names that row. The auxiliary outputs have
-# eager's CPU shapes and values: `offset2bag` each entry's bag (empty on the CPU kernel's fast
-# sum), `bag_size` each bag's count (0 in sum mode), `max_indices` (bags, dim) in max mode and
-# `bag_size` otherwise; no caller reads them but the backward, which recomputes
-# bags and counts from the offsets; the weight's gradient is dense (as the CPU fallback returned
-# `sparse=True`'s before).
+# count (pytorch/pytorch#190063). Sum (optionally weighted per sample) and mean accumulate in
+# opmath; an empty bag is zeros. Max takes, per bag and column, the first maximal row (eager's
+# strict `>`), and `max_indices` names that row. The auxiliary outputs have eager's CPU shapes
+# and values: `offset2bag` each entry's bag (empty on the CPU kernel's fast sum), `bag_size` each
+# bag's count (0 in sum mode), `max_indices` (bags, dim) in max mode and `bag_size` otherwise; no
+# caller reads them but the backward, which recomputes bags and counts from the offsets. The
+# weight's gradient is dense (as the CPU fallback returned `sparse=True`'s before).
 def _bags(indices, offsets, n_bags, padding_idx):
-    """Each entry's bag (clipped into range) and whether it counts."""
+    """Each entry's bag (clipped into range), whether it counts, and each bag's count (in the
+    offsets' dtype)."""
     bag = jnp.searchsorted(offsets, jnp.arange(indices.shape[0]), side="right") - 1
     keep = (bag >= 0) & (bag < n_bags) & (indices != padding_idx)
-    return jnp.clip(bag, 0, max(n_bags - 1, 0)), keep
+    bag = jnp.clip(bag, 0, max(n_bags - 1, 0))
+    counts = jnp.zeros(n_bags, offsets.dtype).at[bag].add(keep.astype(offsets.dtype))
+    return bag, keep, counts
 
 
 def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
                    padding_idx):  # fmt: skip
     """The output, each entry's bag, each bag's count, and max mode's row indices."""
     n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
-    bag, keep = _bags(indices, offsets, n_bags, padding_idx)
+    bag, keep, counts = _bags(indices, offsets, n_bags, padding_idx)
     itype = offsets.dtype
     rows = to_opmath(jnp.take(weight, indices, axis=0, mode="clip"))
-    counts = jnp.zeros(n_bags, itype).at[bag].add(keep.astype(itype))
     shape = (n_bags, weight.shape[1])
     max_indices = None
     if mode == 2:
@@ -355,17 +356,15 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
                            num_weights, scale_grad_by_freq, mode, sparse,
                            per_sample_weights, padding_idx=-1):  # fmt: skip
     n_bags, dim = grad.shape
-    bag, keep = _bags(indices, offsets, n_bags, padding_idx)
+    bag, keep, counts = _bags(indices, offsets, n_bags, padding_idx)
     g = to_opmath(grad)
     if mode == 2:
-        counts = jnp.zeros(n_bags, jnp.int32).at[bag].add(keep.astype(jnp.int32))
         cols = jnp.broadcast_to(jnp.arange(dim), (n_bags, dim))
         contrib = jnp.where((counts > 0)[:, None], g, 0)
         out = jnp.zeros((num_weights, dim), g.dtype).at[maximum_indices, cols].add(contrib)
         return out.astype(grad.dtype)
     rows = g[bag]
     if mode == 1:
-        counts = jnp.zeros(n_bags, jnp.int32).at[bag].add(keep.astype(jnp.int32))
         rows = rows / jnp.maximum(counts, 1)[bag][:, None]
     if per_sample_weights is not None:
         rows = rows * to_opmath(per_sample_weights)[:, None]
@@ -378,7 +377,7 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
 @lowering(aten._embedding_bag_per_sample_weights_backward.default, opmath=False)
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
                                               padding_idx=-1):  # fmt: skip
-    bag, keep = _bags(indices, offsets, grad.shape[0], padding_idx)
+    bag, keep, _ = _bags(indices, offsets, grad.shape[0], padding_idx)
     rows = to_opmath(jnp.take(weight, indices, axis=0, mode="clip"))
     dots = jnp.sum(to_opmath(grad)[bag] * rows, axis=1)
     return jnp.where(keep, dots, 0).astype(grad.dtype)
