@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import transformers
+from util import TINY_DECODER
 
 import lazyxla
 from lazyxla.debug import metrics
@@ -30,15 +31,7 @@ def _uncached() -> int:
 
 
 def _llama() -> torch.nn.Module:
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, **TINY_DECODER)
     return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 import transformers  # a test dependency (pyproject's `test` extra, requirements.lock)
 from torch import nn
+from util import TINY_DECODER
 
 import lazyxla
 from lazyxla.debug import metrics
@@ -61,17 +62,7 @@ def _fallback_counts() -> dict[str, int]:
 # --- the models -------------------------------------------------------------------------------
 
 
-# The sizes of the Llama-style decoders (Llama, Mixtral): grouped-query attention, 2 layers.
-_DECODER = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    attention_dropout=0.0,
-)
+_DECODER = dict(vocab_size=VOCAB, **TINY_DECODER)  # (Llama, Mixtral)
 
 
 def _llama(attn: str) -> nn.Module:

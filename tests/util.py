@@ -91,3 +91,16 @@ def check(
             assert gl.device.type == DEV.type
             assert_same(gl, gc, exact=exact, **tol)
     return out_l, out_c
+
+
+# The sizes of the tests' transformers Llama-style decoders (test_hf_models' Llama and Mixtral,
+# test_generate's Llama): 2 layers, grouped-query attention; the vocabulary is each file's own.
+TINY_DECODER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    attention_dropout=0.0,
+)
