@@ -23,6 +23,7 @@ modules. Here dynamo inlines them, and while it compiles they call PyTorch's for
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,17 +64,18 @@ def _patch() -> None:
     nested_from_mask = torch._nested_tensor_from_mask
     left_aligned = torch._nested_tensor_from_mask_left_aligned
 
-    def mha(self: torch.nn.MultiheadAttention, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if _lazy(query) and not self.training:
-            with _standard_path():
-                return mha_forward(self, query, *args, **kwargs)
-        return mha_forward(self, query, *args, **kwargs)
+    def standard_in_inference(forward: Any) -> Any:
+        """`forward` on its standard path when its input (the first argument after `self`,
+        positional or by name) is a lazyxla tensor, in inference."""
+        name = list(inspect.signature(forward).parameters)[1]  # ("query", "src")
 
-    def layer(self: torch.nn.TransformerEncoderLayer, src: Any, *args: Any, **kwargs: Any) -> Any:
-        if _lazy(src) and not self.training:
-            with _standard_path():
-                return layer_forward(self, src, *args, **kwargs)
-        return layer_forward(self, src, *args, **kwargs)
+        def run(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _lazy(args[0] if args else kwargs.get(name)) and not self.training:
+                with _standard_path():
+                    return forward(self, *args, **kwargs)
+            return forward(self, *args, **kwargs)
+
+        return run
 
     def nested(t: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
         if _lazy(t):
@@ -131,6 +133,7 @@ def _patch() -> None:
             output = self.norm(output)
         return output
 
+    mha, layer = standard_in_inference(mha_forward), standard_in_inference(layer_forward)
     for new, old in ((mha, mha_forward), (layer, layer_forward), (encoder, encoder_forward)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
     torch.nn.MultiheadAttention.forward = mha

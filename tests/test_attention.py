@@ -373,6 +373,10 @@ FASTPATH = {
     "encoder_no_mask": lambda m, x, pad: m(x),
     "layer_padding_mask": lambda m, x, pad: m.layers[0](x, src_key_padding_mask=pad),
     "mha_padding_mask": lambda m, x, pad: m.layers[0].self_attn(x, x, x, key_padding_mask=pad),
+    "mha_by_keyword": lambda m, x, pad: m.layers[0].self_attn(
+        query=x, key=x, value=x, key_padding_mask=pad
+    ),
+    "layer_by_keyword": lambda m, x, pad: m.layers[0](src=x, src_key_padding_mask=pad),
 }
 
 
