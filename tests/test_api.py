@@ -143,6 +143,29 @@ def test_launch_of_an_unpicklable_fn_says_how_to_fix_it():
         lazyxla.launch(lambda i: None)
 
 
+def test_long_lived_objects_leave_the_collector_after_compiles_without_sync():
+    """Note [Keeping the collector off long-lived objects]: a loop whose step boundary is a value
+    read (a generate() loop never calls sync()) still has its long-lived objects frozen after
+    its compiles, at most 4 times; LAZYXLA_GC_FREEZE=0 leaves the collector as it is."""
+    code = """
+        import gc, torch, lazyxla
+        x = torch.ones(8, device=lazyxla.device())
+        counts = []
+        for i in range(7):
+            x = x * 2 + torch.arange(i + 1.0, device=x.device).sum()  # a new graph each time
+            x.sum().item()  # the only sync: a value read
+            counts.append(gc.get_freeze_count() > 0)
+            gc.unfreeze()
+        print(counts)
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["[True,", "True,", "True,", "True,", "False,", "False,", "False]"]
+    off = run_py(code, env={"LAZYXLA_GC_FREEZE": "0"})
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert "True" not in off.stdout, off.stdout
+
+
 # --- xm ------------------------------------------------------------------------------------------
 
 

@@ -408,6 +408,7 @@ def compile_capture(cap: Capture, cause: str = analysis.VALUE_ACCESS) -> Any:
     if debug:
         analysis.post_compilation(cap, exe)
     CACHE.put(cap.key, exe)
+    _freeze_long_lived()
     return exe
 
 
@@ -848,18 +849,26 @@ def _isolate(group: list[LazyState], err: BaseException, cause: str) -> None:
 # Note [Keeping the collector off long-lived objects]
 # A lazy step allocates tens of thousands of short-lived objects (nodes, tensors, states), and
 # Python's cyclic collector runs a full collection every few steps, re-scanning every live object
-# of the process: torch, jax, the model, the optimizer (~400k objects in the demo). Measured on
-# the 8-layer demo decoder: a full collection every ~6 steps, each costing several times a step's
-# tracing. The objects that exist after the first syncs that compile (model, optimizer state,
-# the libraries, the first executables) are long-lived, so lazyxla moves them to the permanent
-# generation then (`gc.freeze()`, O(1)), after each of the first `_FREEZES` compiling syncs of the
-# process: later full collections scan only what is newer. Freezing only a few times bounds what
-# it gives up: a reference cycle alive at such a sync that dies later is freed only by
-# `gc.unfreeze()` + `gc.collect()` (objects without cycles are freed by reference counting as
-# always), and a later program (a test suite's next test) has its cycles collected as usual.
-# LAZYXLA_GC_FREEZE=0 turns it off. The IR itself holds no reference cycles: nodes point only at
-# their inputs, states at their base.
+# of the process: torch, jax, the model, the optimizer (~400k objects in the demo, ~0.1-0.25 s a
+# collection here). Measured on the 8-layer demo decoder: a full collection every ~6 steps, each
+# costing several times a step's tracing. The objects that exist after the first graphs compile
+# (model, optimizer state, the libraries, the first executables) are long-lived, so lazyxla moves
+# them to the permanent generation then (`gc.freeze()`, O(1)), after each of the process's first
+# `_FREEZES` compiles, whatever ran the graph: `sync()`, a value read (a `generate()` loop never
+# calls `sync()`: Note [What a value read syncs]), a trace-once replay. Later full collections
+# scan only what is newer. Freezing only a few times bounds what it gives up: a reference cycle
+# alive at such a compile that dies later is freed only by `gc.unfreeze()` + `gc.collect()`
+# (objects without cycles are freed by reference counting as always), and a later program (a
+# test suite's next test) has its cycles collected as usual. LAZYXLA_GC_FREEZE=0 turns it off.
+# The IR itself holds no reference cycles: nodes point only at their inputs, states at their base.
 _FREEZES = [4]
+
+
+def _freeze_long_lived() -> None:
+    """After a compile: Note [Keeping the collector off long-lived objects]."""
+    if FLAGS.gc_freeze and _FREEZES[0]:
+        _FREEZES[0] -= 1
+        gc.freeze()
 
 
 def live_device_arrays() -> list[jax.Array]:
@@ -881,9 +890,5 @@ def sync(wait: bool = False, cause: str | None = None) -> None:
         from .transfer import sync_host_data
 
         sync_host_data()  # Note [SPMD virtual device]
-    compiles = metrics.counter_value("UncachedCompile")
     sync_states(None, wait=wait, cause=cause)
-    if FLAGS.gc_freeze and _FREEZES[0] and metrics.counter_value("UncachedCompile") != compiles:
-        _FREEZES[0] -= 1
-        gc.freeze()  # See Note [Keeping the collector off long-lived objects]
     step_closures.run_pending()  # xm.add_step_closure callbacks run after the step's execution
