@@ -459,6 +459,35 @@ def test_a_graph_writing_its_inputs_runs_once_per_call():
     torch.testing.assert_close(base.cpu(), torch.tensor([[1.0] * 3, [2.0] * 3]))
 
 
+def test_a_backward_seeded_by_fills_runs_no_graph_for_them():
+    """Note [Fills passed as data]: `loss.backward()`'s seed (`ones_like(loss)`) and the zero
+    tangent of an output that got no gradient are data inputs of the compiled backward, not
+    graphs of their own: a training step runs its forward and its backward, two executions, with
+    eager's gradients."""
+
+    def f(x, w):
+        y = torch.tanh(x @ w)
+        return y.sum(), y * 3  # the second output gets no gradient: a zero tangent
+
+    compiled = torch.compile(f, backend="lazyxla")
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8, requires_grad=True)
+    wd = w.detach().to(dev).requires_grad_()
+    for step in range(3):
+        met.clear_all()
+        loss, _unused = compiled(x.to(dev), wd)
+        loss.backward()
+        if step:
+            assert met.counter_value("ExecuteComputation") == 2
+            assert met.counter_value("UncachedCompile") is None
+        lazyxla.sync()
+    loss_e, _ = f(x, w)
+    for _ in range(3):
+        f(x, w)[0].backward()
+    torch.testing.assert_close(wd.grad.cpu(), w.grad * 1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss.cpu(), loss_e.detach(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "fn",
     [

@@ -529,7 +529,38 @@ def sync_inputs(states: list[LazyState], cause: str) -> None:
         return
     for x in states:
         read(x)
-    _sync_with_pending([x for x in states if x.is_pending or x.failed is not None], cause)
+    run = [x for x in states if x.failed is not None or x.is_pending and not _fill_as_data(x)]
+    if run:
+        _sync_with_pending(run, cause)
+
+
+# Note [Fills passed as data]
+# A compiled backward's gradient seed is a fill: `loss.backward()` seeds it with
+# `torch.ones_like(loss)`, and AOTAutograd's tangents for outputs that got no gradient are
+# `zeros`. Pending, each used to run a graph of its own before the backward's replay (one more
+# execution, every training step, with every compiled model). A small fill is instead bound to a
+# data input holding its values, as a state's first fill is (Note [A state's first value is
+# data]), uploaded once and shared through the device data cache (Note [Device data cache]): the
+# same values, and the replay's program is unchanged. A large one still runs (XLA fills it in
+# place of a transfer, and the cache stays small); so does any fill under SPMD, whose data input
+# would need the fill's sharding.
+_FILL_AS_DATA_ELEMENTS = 1 << 16
+
+
+def _fill_as_data(s: LazyState) -> bool:
+    """Bind pending base `s` to data if its value is a small fill (Note [Fills passed as data])."""
+    n, k = s.value
+    if (
+        n.op not in STATE_FILL_OPS
+        or k
+        or s.base is not None
+        or spmd()
+        or math.prod(n.specs[0].shape) > _FILL_AS_DATA_ELEMENTS
+    ):
+        return False
+    spec = n.specs[0]
+    bind_data(s, device_data(runtime.filled(STATE_FILL_OPS[n.op], spec.shape, spec.dtype), spec))
+    return True
 
 
 def _sync_with_pending(keep: list[LazyState], cause: str) -> None:

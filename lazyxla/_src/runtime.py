@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -152,11 +153,24 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 # Note [Device data cache]
 # As torch_xla's DataCache: a one-element host tensor (a scalar that `torch.tensor(2.0,
 # device=...)` or a loss scale uploads every step) is uploaded once per (value, dtype, shape,
-# device) and the device array reused; jax arrays are immutable, so sharing one is safe. A reused
-# array that a graph has since donated (deleted) is uploaded again. Misses are counted as
-# `DeviceDataCacheMiss`, torch_xla's counter.
+# device) and the device array reused; jax arrays are immutable, so sharing one is safe. So is a
+# small fill passed as data (Note [Fills passed as data] in graph.py: a backward's zero tangents,
+# every step). A reused array that a graph has since donated (deleted) is uploaded again. Misses
+# are counted as `DeviceDataCacheMiss`, torch_xla's counter.
 _DATA_CACHE: collections.OrderedDict[tuple, jax.Array] = collections.OrderedDict()
 _DATA_CACHE_SIZE = 128
+
+
+def _cached_upload(key: tuple, upload: Callable[[], jax.Array]) -> jax.Array:
+    arr = _DATA_CACHE.get(key)
+    if arr is not None and not arr.is_deleted():
+        _DATA_CACHE.move_to_end(key)
+        return arr
+    metrics.counter_inc("DeviceDataCacheMiss")
+    arr = _DATA_CACHE[key] = upload()
+    if len(_DATA_CACHE) > _DATA_CACHE_SIZE:
+        _DATA_CACHE.popitem(last=False)
+    return arr
 
 
 def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> jax.Array:
@@ -166,17 +180,17 @@ def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> ja
     private to the caller and never written again (jax may then keep its memory)."""
     if t.numel() == 1 and not t.is_complex():
         key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)  # bits: -0.0, NaNs
-        arr = _DATA_CACHE.get(key)
-        if arr is not None and not arr.is_deleted():
-            _DATA_CACHE.move_to_end(key)
-            return arr
-        metrics.counter_inc("DeviceDataCacheMiss")
-        arr = _upload(t, device, copy)
-        _DATA_CACHE[key] = arr
-        if len(_DATA_CACHE) > _DATA_CACHE_SIZE:
-            _DATA_CACHE.popitem(last=False)
-        return arr
+        return _cached_upload(key, lambda: _upload(t, device, copy))
     return _upload(t, device, copy)
+
+
+def filled(value: int, shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
+    """A device array of `shape` holding `value` (0 or 1) on the default device, shared through
+    the device data cache (Note [Device data cache])."""
+    return _cached_upload(
+        ("filled", value, dtype, shape),
+        lambda: _upload(torch.full(shape, value, dtype=dtype), None, copy=False),
+    )
 
 
 def is_shared_upload(arr: Any) -> bool:
