@@ -260,10 +260,18 @@ def _xla_dot_general(
     preferred_element_type: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`lax.dot_general` on two tensors: dimension_numbers `((lhs_contract, rhs_contract),
-    (lhs_batch, rhs_batch))`; the result's dims are batch, lhs free, rhs free (as in XLA)."""
+    (lhs_batch, rhs_batch))`, negative dims counted from the end; the result's dims are batch,
+    lhs free, rhs free (as in XLA). With `preferred_element_type` the products are accumulated in
+    that dtype, as XLA's dot does: int8 operands give their exact int32 sum of products."""
     (lc, rc), batch = dimension_numbers
     lb, rb = batch if batch else ((), ())
-    lc, rc, lb, rb = (list(x) for x in (lc, rc, lb, rb))
+    lc, lb = ([_dot_dim(d, lhs, "lhs") for d in x] for x in (lc, lb))
+    rc, rb = ([_dot_dim(d, rhs, "rhs") for d in x] for x in (rc, rb))
+    if len(lc) != len(rc) or len(lb) != len(rb):
+        raise ValueError(
+            f"_xla_dot_general: {len(lc)} lhs and {len(rc)} rhs contracting dims, {len(lb)} lhs "
+            f"and {len(rb)} rhs batch dims; each pair must have as many dims on both sides"
+        )
     lfree = [d for d in range(lhs.dim()) if d not in lc and d not in lb]
     rfree = [d for d in range(rhs.dim()) if d not in rc and d not in rb]
     letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -277,10 +285,17 @@ def _xla_dot_general(
     for d in rfree:
         rs[d] = next(letters)
     out = "".join(ls[d] for d in lb) + "".join(ls[d] for d in lfree) + "".join(rs[d] for d in rfree)
-    dtype = preferred_element_type or torch.promote_types(lhs.dtype, rhs.dtype)
-    compute = dtype if dtype.is_floating_point else torch.promote_types(lhs.dtype, rhs.dtype)
+    operands = torch.promote_types(lhs.dtype, rhs.dtype)
+    dtype = preferred_element_type or operands
+    compute = torch.promote_types(operands, dtype)
     res = torch.einsum(f"{''.join(ls)},{''.join(rs)}->{out}", lhs.to(compute), rhs.to(compute))
     return res.to(dtype)
+
+
+def _dot_dim(d: int, t: torch.Tensor, side: str) -> int:
+    if not -t.dim() <= d < t.dim():
+        raise IndexError(f"_xla_dot_general: {side} dim {d} out of range for a {t.dim()}-d tensor")
+    return d % t.dim()
 
 
 _dynamic_dims: dict[int, set[int]] = {}

@@ -100,15 +100,23 @@ def test_dot_general_matches_einsum():
     a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
     out = torch_xla._XLAC._xla_dot_general(a.to(dev), b.to(dev), (([2], [1]), ([0], [0])))
     torch.testing.assert_close(out.cpu(), torch.bmm(a, b), rtol=1e-5, atol=1e-5)
+    # negative dims count from the end
+    out = torch_xla._XLAC._xla_dot_general(a.to(dev), b.to(dev), (([-1], [-2]), ([0], [0])))
+    torch.testing.assert_close(out.cpu(), torch.bmm(a, b), rtol=1e-5, atol=1e-5)
+    # int8 operands accumulate in the preferred int32: sums of products past int8's range are exact
     x, w = (
-        torch.randint(-5, 5, (3, 4), dtype=torch.int8),
-        torch.randint(-5, 5, (4, 2)).to(torch.int8),
+        torch.randint(-15, 15, (3, 16), dtype=torch.int8),
+        torch.randint(-15, 15, (16, 2)).to(torch.int8),
     )
     out = torch_xla._XLAC._xla_dot_general(
         x.to(dev), w.to(dev), (([1], [0]), ()), preferred_element_type=torch.int32
     )
     assert out.dtype == torch.int32
-    torch.testing.assert_close(out.cpu(), (x.int() @ w.int()))
+    expected = x.int() @ w.int()
+    assert expected.abs().max() > 127
+    torch.testing.assert_close(out.cpu(), expected)
+    with pytest.raises(IndexError, match="lhs dim 3 out of range"):
+        torch_xla._XLAC._xla_dot_general(a.to(dev), b.to(dev), (([3], [1]), ()))
 
 
 def test_warm_up_cache_compiles_without_running():
