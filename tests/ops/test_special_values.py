@@ -8,8 +8,9 @@ the other zero, `lerp` (and quantile's interpolation) using one formula where ea
 tie]),
 `searchsorted`/`bucketize` placing NaNs otherwise than eager's binary search, and softmax,
 logcumsumexp, median, kthvalue, topk, trace and searchsorted computing something for dtypes
-eager's CPU kernels refuse (Note [Eager probes of pointwise ops]). Known differences are
-in `_known`, each with its reason; anything else fails."""
+eager's CPU kernels refuse (Note [Eager probes of pointwise ops]), and `mode` giving index -1 for
+a row of NaNs (Note [Mode of a row with NaN]). Known differences are in `_known`, each with its
+reason; anything else fails."""
 
 from __future__ import annotations
 
@@ -127,8 +128,6 @@ def _same(e: torch.Tensor, g: torch.Tensor) -> bool:
 
 
 def _known(op: str, data: str, dtype: torch.dtype, ref, got) -> str | None:
-    if op == "mode" and data in ("nan", "neg_nan"):
-        return "eager's mode sorts with std::sort, whose order with NaNs is unspecified"
     if op == "kthvalue" and ref is not None and got is not None:
         values_equal = torch.equal(ref[0].float().nan_to_num(), got[0].float().nan_to_num())
         if values_equal and data in ("signed0", "inf", "mixed", "ties", "neg_nan", "nan"):
@@ -247,3 +246,38 @@ def test_complex_functions_of_nan_parts_like_eager(fn, dtype):
                 bad.append(f"{fn}({p}): eager {complex(ref[i])}, lazyxla {complex(got[i])}")
                 break
     assert not bad, "\n".join(bad)
+
+
+def _mode_rows(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows of `n` values on which eager's mode is defined by its insertion sort (Note [Mode of
+    a row with NaN]): all NaN; distinct numbers with NaNs anywhere; repeated numbers with NaNs
+    only in front or at the end (none between the copies of a value)."""
+    rows = [torch.full((n,), NAN)]
+    for _ in range(12):
+        distinct = torch.randperm(n, generator=gen).float() - n // 2
+        k = int(torch.randint(0, n + 1, (1,), generator=gen))
+        distinct[torch.randperm(n, generator=gen)[:k]] = NAN
+        rows.append(distinct)
+        repeated = torch.randint(-2, 3, (n,), generator=gen).float()
+        m = int(torch.randint(0, min(n, 3), (1,), generator=gen))
+        if m:
+            repeated[:m] = NAN
+        rows.append(repeated)
+        repeated = torch.randint(-2, 3, (n,), generator=gen).float()
+        if m:
+            repeated[-m:] = NAN
+        rows.append(repeated)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_mode_of_rows_with_nan_like_eager(dtype):
+    """Note [Mode of a row with NaN]: a row of NaNs gave index -1; a row starting with a NaN
+    whose numbers all differ gave its smallest number where eager gives (NaN, 0)."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 16):
+        x = _mode_rows(n, gen).to(dtype)
+        values, indices = torch.mode(x.to(DEV), 1)
+        expected = torch.mode(x, 1)
+        assert _same(expected.values, values.cpu()), (n, x, expected, values)
+        assert torch.equal(indices.cpu(), expected.indices), (n, x, expected, indices)

@@ -133,6 +133,17 @@ def nanmedian(x):
     return _median_dim(x.reshape(-1), 0, False, True)[0]
 
 
+# Note [Mode of a row with NaN]
+# Eager's CPU kernel sorts each row with `std::sort` and `<`, then takes the first longest run of
+# equal neighbours (`!=` ends a run), its last element's index. A NaN compares false both ways: it
+# is a run of its own, and since `<` is then no ordering the sort's result depends on where the
+# NaNs sit. Rows of up to 16 elements are insertion-sorted, which leaves a first-element NaN in
+# front and otherwise brings the smallest number there, so: a row whose counts all are 1 gives
+# (NaN, 0) when it starts with a NaN, else its smallest number; a row whose most frequent value
+# repeats gives that value (a NaN, a run of one, never wins), as eager does while no NaN stands
+# between its copies. There eager splits the run (`[1, nan, 1]` gives index 0, lazyxla 2), as it
+# does for any row past 16 elements, whose introsort places NaNs elsewhere: those indices (never
+# the values of rows without NaN) can differ from eager's.
 @lowering(aten.mode.default)
 def mode(x, dim=-1, keepdim=False):
     if x.ndim == 0:
@@ -146,16 +157,22 @@ def mode(x, dim=-1, keepdim=False):
     # index is the last occurrence (as PyTorch's CPU kernel returns).
     eq = xm[..., :, None] == xm[..., None, :]
     cnt = jnp.sum(eq, axis=-1)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    if floating:  # See Note [Mode of a row with NaN]
+        nan = jnp.isnan(xm)
+        cnt = jnp.where(nan, 1, cnt)
     best = jnp.max(cnt, axis=-1, keepdims=True)
     cand = jnp.where(
-        cnt == best,
+        (cnt == best) & ~nan if floating else cnt == best,
         xm,
-        jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max,
+        jnp.inf if floating else jnp.iinfo(x.dtype).max,
     )
     val = jnp.min(cand, axis=-1, keepdims=True)
     n = xm.shape[-1]
     pos = jnp.where(xm == val, jnp.arange(n), -1)
     ind = jnp.max(pos, axis=-1, keepdims=True)
+    if floating:  # a leading NaN that ties for the most frequent: (NaN, 0)
+        ind = jnp.where(nan[..., :1] & (best == 1), 0, ind)
     val = jnp.take_along_axis(xm, ind, axis=-1)  # the value there: 0.0 or -0.0, as eager's
     val, ind = jnp.moveaxis(val, -1, d), jnp.moveaxis(ind, -1, d)
     if not keepdim:
