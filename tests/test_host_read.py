@@ -118,3 +118,40 @@ def test_fills_lift_their_scalar_so_true_and_false_share_a_graph():
     assert torch.equal(f(True).cpu(), torch.full((4,), 1.5))
     assert torch.equal(f(False).cpu(), torch.zeros(4))
     assert _count("UncachedCompile") == c
+
+
+def test_a_division_that_traps_on_the_host_compiles():
+    """Note [Division traps on the host]: eager's trunc division of INT64_MIN by -1 kills the
+    process with SIGFPE, so a read that meets it must compile, and give XLA's value (the
+    quotient wraps to the dividend), as with host reads off; run in a child process, which the
+    old code killed. Divisions that cannot trap are still answered on the host."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import torch, lazyxla
+        from lazyxla.debug import metrics
+        dev = lazyxla.device()
+        for dtype in (torch.int64, torch.int32):
+            lo = torch.iinfo(dtype).min
+            a = torch.tensor([lo, 7] * 20, dtype=dtype, device=dev)
+            b = torch.tensor([-1, 2] * 20, dtype=dtype, device=dev)
+            print(torch.div(a, b, rounding_mode="trunc").cpu()[:2].tolist(),
+                  torch.div(a, -1, rounding_mode="trunc").cpu()[:2].tolist(),
+                  (a // b).cpu()[:2].tolist(), torch.fmod(a, b).cpu()[:2].tolist())
+        before = metrics.counter_value("HostRead") or 0
+        x = torch.tensor([5, -7] * 20, device=dev)
+        print(torch.div(x, -1, rounding_mode="trunc").cpu()[:2].tolist(),
+              (metrics.counter_value("HostRead") or 0) - before)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    lo64, lo32 = torch.iinfo(torch.int64).min, torch.iinfo(torch.int32).min
+    assert out.stdout.splitlines() == [
+        f"[{lo64}, 3] [{lo64}, -7] [{lo64}, 3] [0, 1]",
+        f"[{lo32}, 3] [{lo32}, -7] [{lo32}, 3] [0, 1]",
+        "[-5, 7] 1",
+    ]
