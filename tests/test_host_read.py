@@ -121,10 +121,11 @@ def test_fills_lift_their_scalar_so_true_and_false_share_a_graph():
 
 
 def test_a_division_that_traps_on_the_host_compiles():
-    """Note [Division traps on the host]: eager's trunc division of INT64_MIN by -1 kills the
-    process with SIGFPE, so a read that meets it must compile, and give XLA's value (the
-    quotient wraps to the dividend), as with host reads off; run in a child process, which the
-    old code killed. Divisions that cannot trap are still answered on the host."""
+    """Note [Division traps on the host]: eager's trunc division of INT64_MIN by -1 (and its
+    vectorized lcm of INT32_MIN and INT32_MAX) kills the process with SIGFPE, so a read that
+    meets it must compile, and give XLA's value (the quotient wraps to the dividend), as with
+    host reads off; run in a child process, which the old code killed. Divisions that cannot
+    trap are still answered on the host."""
     import subprocess
     import sys
     import textwrap
@@ -141,6 +142,15 @@ def test_a_division_that_traps_on_the_host_compiles():
             print(torch.div(a, b, rounding_mode="trunc").cpu()[:2].tolist(),
                   torch.div(a, -1, rounding_mode="trunc").cpu()[:2].tolist(),
                   (a // b).cpu()[:2].tolist(), torch.fmod(a, b).cpu()[:2].tolist())
+        lo, hi = torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max
+        a = torch.tensor([lo, lo + 1] * 20, dtype=torch.int32, device=dev)
+        b = torch.tensor([hi, lo] * 20, dtype=torch.int32, device=dev)
+        on = torch.lcm(a, b).cpu()[:2].tolist(), torch.gcd(a, b).cpu()[:2].tolist()
+        from lazyxla._src.config import FLAGS
+        FLAGS.set("host_reads", False)
+        a, b = a * 1, b * 1  # new pending values, read through XLA
+        print(on == (torch.lcm(a, b).cpu()[:2].tolist(), torch.gcd(a, b).cpu()[:2].tolist()))
+        FLAGS.set("host_reads", True)
         before = metrics.counter_value("HostRead") or 0
         x = torch.tensor([5, -7] * 20, device=dev)
         print(torch.div(x, -1, rounding_mode="trunc").cpu()[:2].tolist(),
@@ -153,5 +163,6 @@ def test_a_division_that_traps_on_the_host_compiles():
     assert out.stdout.splitlines() == [
         f"[{lo64}, 3] [{lo64}, -7] [{lo64}, 3] [0, 1]",
         f"[{lo32}, 3] [{lo32}, -7] [{lo32}, 3] [0, 1]",
+        "True",
         "[-5, 7] 1",
     ]

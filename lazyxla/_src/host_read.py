@@ -132,7 +132,8 @@ def _evaluate(order: list[Node]) -> dict[int, tuple] | None:
             args = [v for a, v in zip(schema, args) if not a.kwarg_only]
             if n.aten in _STORAGE_STRIDED:  # See Note [Host values are logical]
                 return None
-            if n.aten._schema.name in _INTEGER_DIVISIONS and _traps(args):
+            name = n.aten._schema.name
+            if name in _INTEGER_DIVISIONS and _traps(name, args):
                 return None  # See Note [Division traps on the host]
             if n.aten is _RESHAPE_ALIAS:
                 out = args[0].reshape(args[1])
@@ -172,18 +173,26 @@ _STORAGE_STRIDED = frozenset(
 # x86's integer division instruction traps on the one quotient that overflows, the most negative
 # int32 or int64 divided by -1, and eager's CPU kernels do not all guard it: `torch.div(x, -1,
 # rounding_mode="trunc")` of a vector holding INT64_MIN kills the process with SIGFPE (an
-# exception could be caught here and left to the compiling path; a signal cannot). XLA defines
-# that quotient (it wraps to the dividend), so a read whose integer division meets it compiles.
-_INTEGER_DIVISIONS = frozenset(("aten::div", "aten::floor_divide", "aten::remainder", "aten::fmod"))
+# exception could be caught here and left to the compiling path; a signal cannot), and so does
+# the vectorized `lcm(INT32_MIN, INT32_MAX)` (its gcd's remainder loop ends at -1). XLA defines
+# those values, so a read whose division meets INT_MIN over -1, or whose gcd/lcm meets INT_MIN at
+# all, compiles.
+_INTEGER_DIVISIONS = frozenset(
+    ("aten::div", "aten::floor_divide", "aten::remainder", "aten::fmod", "aten::gcd", "aten::lcm")
+)
 
 
-def _traps(args: list[Any]) -> bool:
-    """Whether an integer division of `args[0]` by `args[1]` holds INT_MIN / -1."""
+def _traps(name: str, args: list[Any]) -> bool:
+    """Whether eager's integer `name` of `args[0]` and `args[1]` may trap (see the Note)."""
     a, b = args[0], args[1]
     dtype = torch.result_type(a, b)
     if dtype not in (torch.int32, torch.int64):
         return False
-    return bool(((torch.as_tensor(a) == torch.iinfo(dtype).min) & (torch.as_tensor(b) == -1)).any())
+    lo = torch.iinfo(dtype).min
+    a, b = torch.as_tensor(a) == lo, torch.as_tensor(b)
+    if name in ("aten::gcd", "aten::lcm"):
+        return bool(a.any() or (b == lo).any())
+    return bool((a & (b == -1)).any())
 
 
 def _fill(a: Any, ins: list[Any]) -> Any:
