@@ -331,3 +331,15 @@ def test_incomplete_gamma_past_2_to_the_53_ends():
     )
     torch.testing.assert_close(torch.tensor(values[:3], dtype=torch.float64), expected)
     torch.testing.assert_close(torch.tensor(values[3:], dtype=torch.float64), 1 - expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fmax_and_fmin_keep_eager_operand_at_a_tie(dtype):
+    """Note [fmax and fmin at a tie]: fmax(0.0, -0.0) is eager's 0.0 (its bfloat16 kernel's
+    -0.0), with NaNs and infinities beside, in a short and a vectorized length."""
+    values = torch.tensor([0.0, -0.0, 1.0, NAN, INF, -INF], dtype=dtype)
+    a, b = values.repeat_interleave(6), values.repeat(6)
+    for n in (1, 40):
+        x, y = a.repeat(n), b.repeat(n)
+        for fn in (torch.fmax, torch.fmin):
+            assert _same(fn(x, y), fn(x.to(DEV), y.to(DEV)).cpu()), (fn, dtype, n)

@@ -91,13 +91,30 @@ def _multiply(x, y):
     return jnp.multiply(x, y)
 
 
+# Note [fmax and fmin at a tie]
+# Eager's float16/32/64 fmax/fmin (scalar and vectorized kernels alike) keep their first operand
+# when the two compare equal: fmax(0.0, -0.0) is 0.0 and fmax(-0.0, 0.0) is -0.0; its bfloat16
+# kernel, like jnp's, keeps the second. A NaN operand gives the other, as in both. The rules see
+# the operands' own dtype (no opmath: a selection rounds nothing). (maximum/minimum and clamp with
+# tensor bounds are not pinned: eager's scalar kernel keeps the first operand at a tie and its
+# vectorized one the second, so eager's own result depends on the tensor's length.)
+def _fmax(x, y):
+    if jnp.result_type(x, y) not in (jnp.float16, jnp.float32, jnp.float64):
+        return jnp.fmax(x, y)
+    return jnp.where(jnp.isnan(y) | (x >= y), x, jnp.where(jnp.isnan(x) | (y > x), y, x))
+
+
+def _fmin(x, y):
+    if jnp.result_type(x, y) not in (jnp.float16, jnp.float32, jnp.float64):
+        return jnp.fmin(x, y)
+    return jnp.where(jnp.isnan(y) | (x <= y), x, jnp.where(jnp.isnan(x) | (y < x), y, x))
+
+
 _BINARY = {
     aten.mul.Tensor: _multiply,
     aten.mul.Scalar: _multiply,
     aten.maximum.default: jnp.maximum,
     aten.minimum.default: jnp.minimum,
-    aten.fmax.default: jnp.fmax,
-    aten.fmin.default: jnp.fmin,
     aten.eq.Tensor: jnp.equal,
     aten.eq.Scalar: jnp.equal,
     aten.ne.Tensor: jnp.not_equal,
@@ -215,6 +232,8 @@ for _op, _fn in _UNARY.items():
     register(_op, _fn if _op in _KEEPS_INT else lambda x, _fn=_fn: _fn(_float_in(x)))
 for _op, _fn in _BINARY.items():
     register(_op, lambda x, y, _fn=_fn: _fn(x, y))
+register(aten.fmax.default, _fmax, opmath=False)  # Note [fmax and fmin at a tie]
+register(aten.fmin.default, _fmin, opmath=False)
 
 
 def _pair(x, y):
