@@ -343,3 +343,30 @@ def test_fmax_and_fmin_keep_eager_operand_at_a_tie(dtype):
         x, y = a.repeat(n), b.repeat(n)
         for fn in (torch.fmax, torch.fmin):
             assert _same(fn(x, y), fn(x.to(DEV), y.to(DEV)).cpu()), (fn, dtype, n)
+
+
+UNARY_AT_EXTREMES = {
+    "special.entr": torch.special.entr,  # NaN: NaN (was -inf)
+    "special.spherical_bessel_j0": torch.special.spherical_bessel_j0,  # ±inf: 0 (was NaN)
+    "special.i1": torch.special.i1,  # -0.0: +0.0, as eager's Cephes kernel
+    "special.i1e": torch.special.i1e,
+    "special.modified_bessel_i1": torch.special.modified_bessel_i1,
+    "logsigmoid": torch.nn.functional.logsigmoid,  # large x: eager's +0.0 (was -0.0)
+    "softshrink": torch.nn.functional.softshrink,  # NaN: NaN (was 0)
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY_AT_EXTREMES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unary_functions_at_extremes_like_eager(name, dtype):
+    """Values, NaNs and the sign of zero at ±0, ±inf, NaN and huge or tiny inputs, as eager (found
+    by a probe of PyTorch's unary ufuncs on these values)."""
+    x = torch.tensor(
+        [0.0, -0.0, 1.0, -1.0, 2.5, -30.0, 1e5, -1e5, 1e30, -1e30, 1e-30, INF, -INF, NAN],
+        dtype=dtype,
+    )
+    fn = UNARY_AT_EXTREMES[name]
+    expected, got = fn(x), fn(x.to(DEV)).cpu()
+    if name == "softshrink":  # eager's zero is -0.0 in its scalar loop, +0.0 in its vector one
+        expected, got = expected + 0.0, got + 0.0
+    assert _same(expected, got), (name, x, expected, got)

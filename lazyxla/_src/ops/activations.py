@@ -16,7 +16,9 @@ aten = torch.ops.aten
 @lowering(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(x):
     x = float_operand(x)
-    return jax.nn.log_sigmoid(x), jnp.exp(-jnp.abs(x))  # eager CPU's buffer
+    # eager CPU's formula and buffer: log_sigmoid(1e5) is its +0.0 (jax's -softplus(-x) is -0.0)
+    buffer = jnp.exp(-jnp.abs(x))
+    return jnp.minimum(x, 0) - jnp.log1p(buffer), buffer
 
 
 @lowering(aten.log_sigmoid_backward.default)
@@ -44,7 +46,8 @@ def hardshrink_backward(grad, x, lambd):
 
 @lowering(aten.softshrink.default)
 def softshrink(x, lambd=0.5):
-    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+    out = jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros_like(x)))
+    return jnp.where(jnp.isnan(x), x, out)  # (NaN is in neither tail: eager gives NaN)
 
 
 @lowering(aten.softshrink_backward.default)

@@ -147,14 +147,22 @@ def special_i0e(x):
     return jss.i0e(float_operand(x))
 
 
+def _positive_zero_at_zero(fn, x):
+    """`fn(x)`, with +0.0 at x = ±0: eager's Cephes i1 and i1e take |x| and negate only for x < 0,
+    so i1(-0.0) is 0.0 (jax's keeps the sign of the odd function)."""
+    x = float_operand(x)
+    out = fn(x)
+    return jnp.where(x == 0, jnp.zeros_like(out), out)
+
+
 @lowering(aten.special_i1.default)
 def special_i1(x):
-    return jss.i1(float_operand(x))
+    return _positive_zero_at_zero(jss.i1, x)
 
 
 @lowering(aten.special_i1e.default)
 def special_i1e(x):
-    return jss.i1e(float_operand(x))
+    return _positive_zero_at_zero(jss.i1e, x)
 
 
 @lowering(aten.special_ndtri.default)
@@ -265,7 +273,8 @@ def _xlog1py(x, y):
 @lowering(aten.special_entr.default)
 def special_entr(x):
     x = float_operand(x)
-    return jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf))
+    out = jnp.where(x > 0, -x * jnp.log(jnp.where(x > 0, x, 1)), jnp.where(x == 0, 0.0, -jnp.inf))
+    return jnp.where(jnp.isnan(x), x, out)  # (NaN is not below 0: eager gives NaN)
 
 
 @lowering(aten.special_zeta.default)
@@ -433,11 +442,12 @@ def special_modified_bessel_i0(x):
 
 @lowering(aten.special_modified_bessel_i1.default)
 def special_modified_bessel_i1(x):
-    return jss.i1(float_operand(x))
+    return _positive_zero_at_zero(jss.i1, x)
 
 
 @lowering(aten.special_spherical_bessel_j0.default)
 def spherical_bessel_j0(x):
     x = float_operand(x)
     safe = jnp.where(x == 0, 1.0, x)
-    return jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)
+    out = jnp.where(x == 0, 1.0, jnp.sin(safe) / safe)
+    return jnp.where(jnp.isinf(x), 0.0, out)  # (eager's limit; sin(inf) / inf is NaN)
