@@ -219,11 +219,16 @@ def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
 # parameters' updates, in the same order in both steps.
 
 
-def _fill_data(n: Node) -> Node:
-    """A state's first fill as a device data leaf (Note [A state's first value is data])."""
+def _fill_data(n: Node, shared: bool = False) -> Node:
+    """A fill as a device data leaf holding its values: a state's first fill (Note [A state's
+    first value is data]), or with `shared` a small fill passed as data, its array shared through
+    the device data cache (Note [Fills passed as data])."""
     spec = n.specs[0]
-    values = torch.full(spec.shape, STATE_FILL_OPS[n.op], dtype=spec.dtype)
+    value = STATE_FILL_OPS[n.op]
+    if shared:
+        return device_data(runtime.filled(value, spec.shape, spec.dtype), spec)
     # An upload, not jnp.zeros: that compiles a program per shape (counted as compiles)
+    values = torch.full(spec.shape, value, dtype=spec.dtype)
     return device_data(runtime.host_to_device(values, copy=False), spec)
 
 
@@ -527,9 +532,13 @@ def sync_inputs(states: list[LazyState], cause: str) -> None:
     if not FLAGS.read_syncs_all or collectives.active():
         sync(cause=cause)
         return
+    run = []
     for x in states:
         read(x)
-    run = [x for x in states if x.failed is not None or x.is_pending and not _fill_as_data(x)]
+        if x.failed is not None:
+            run.append(x)
+        elif x.is_pending and not _fill_as_data(x):  # (a small fill is bound to data instead)
+            run.append(x)
     if run:
         _sync_with_pending(run, cause)
 
@@ -558,8 +567,7 @@ def _fill_as_data(s: LazyState) -> bool:
         or math.prod(n.specs[0].shape) > _FILL_AS_DATA_ELEMENTS
     ):
         return False
-    spec = n.specs[0]
-    bind_data(s, device_data(runtime.filled(STATE_FILL_OPS[n.op], spec.shape, spec.dtype), spec))
+    bind_data(s, _fill_data(n, shared=True))
     return True
 
 

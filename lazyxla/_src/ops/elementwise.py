@@ -98,16 +98,19 @@ def _multiply(x, y):
 # the operands' own dtype (no opmath: a selection rounds nothing). (maximum/minimum and clamp with
 # tensor bounds are not pinned: eager's scalar kernel keeps the first operand at a tie and its
 # vectorized one the second, so eager's own result depends on the tensor's length.)
-def _fmax(x, y):
+def _nan_ignoring(x, y, second_wins, jnp_fn):
+    """fmax/fmin: `y` where it is a number and `x` is NaN or loses to it, else `x`."""
     if jnp.result_type(x, y) not in (jnp.float16, jnp.float32, jnp.float64):
-        return jnp.fmax(x, y)
-    return jnp.where(jnp.isnan(y) | (x >= y), x, jnp.where(jnp.isnan(x) | (y > x), y, x))
+        return jnp_fn(x, y)
+    return jnp.where(~jnp.isnan(y) & (jnp.isnan(x) | second_wins(y, x)), y, x)
+
+
+def _fmax(x, y):
+    return _nan_ignoring(x, y, jnp.greater, jnp.fmax)
 
 
 def _fmin(x, y):
-    if jnp.result_type(x, y) not in (jnp.float16, jnp.float32, jnp.float64):
-        return jnp.fmin(x, y)
-    return jnp.where(jnp.isnan(y) | (x <= y), x, jnp.where(jnp.isnan(x) | (y < x), y, x))
+    return _nan_ignoring(x, y, jnp.less, jnp.fmin)
 
 
 _BINARY = {
