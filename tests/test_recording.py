@@ -188,6 +188,59 @@ def test_view_plans_alternate_signatures_like_eager():
     assert torch.equal(xd.t()[1:, 2].cpu(), x.t()[1:, 2])
 
 
+def test_plans_read_views_their_base_changed_under():
+    """A planned op on a view made before its base was written reads the written values (the
+    view's chain is replayed, `read`), in every plan input position and in a tensor list."""
+    outs = []
+    for d in ("cpu", DEV):
+        torch.manual_seed(0)
+        x = torch.randn(4, 4).to(d)
+        v, w = x[1:], x.t()[1:]
+        got = []
+        for step in range(3):  # the first call makes each plan, later calls replay it
+            x.mul_(1.5 + step)  # v and w are stale now
+            got += [v * 2.5, 0.25 - w, torch.add(x[:3], v, alpha=0.5), torch.cat([v, w])]
+        outs.append([t.cpu() for t in got])
+    for r, o in zip(*outs, strict=True):
+        torch.testing.assert_close(o, r)
+
+
+def test_planned_outputs_are_what_the_slow_path_builds():
+    """A plan builds its nodes and output tensor inline (Note [Generated recording code]): each
+    field of a replayed call's output, its state and its node (and a lifted scalar's leaf) is
+    what the slow path's call built, and the output's storage is a fresh range of the same size
+    (Note [Fake data pointers])."""
+    from lazyxla._src.ir import Node
+    from lazyxla._src.tensor import LazyState, state
+
+    x = torch.randn(4, 6).to(DEV)
+    per_call = ("seq", "value", "__weakref__")
+    for make in (lambda: x * 2.5, lambda: x.t() * 2.5, lambda: x[:0] * 2.5, lambda: x + x):
+        # the slow path, then the plan made from it, twice (each reserves a range after the last)
+        first, replayed, again = make(), make(), make()
+        for t in (first, replayed, again):
+            assert t.stride() == first.stride() and t.storage_offset() == 0
+        a, b = state(first), state(replayed)
+        for slot in LazyState.__slots__:
+            if slot not in per_call:  # (ir_data: set only by a debug dump)
+                assert getattr(a, slot, None) == getattr(b, slot, None), slot
+        assert a.seq < b.seq and a.value[1] == b.value[1] == 0
+        na, nb = a.value[0], b.value[0]
+        for slot in Node.__slots__:
+            if slot != "inputs":
+                assert getattr(na, slot) == getattr(nb, slot), slot
+        assert len(na.inputs) == len(nb.inputs)
+        for (ia, ka), (ib, kb) in zip(na.inputs, nb.inputs, strict=True):
+            assert ka == kb
+            for slot in Node.__slots__:  # x's value is one node; a lifted 2.5 is a fresh leaf
+                va, vb = getattr(ia, slot), getattr(ib, slot)
+                assert va is vb or va == vb, slot
+        sa, sb, sc = (t.untyped_storage() for t in (first, replayed, again))
+        assert sa.nbytes() == sb.nbytes() == sc.nbytes()
+        if sa.nbytes():
+            assert sb.data_ptr() % 64 == 0 and sc.data_ptr() - sb.data_ptr() >= sb.nbytes()
+
+
 def _inplace_ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     """In-place ops in alternating signatures; each writes a fresh clone (or a view of one)."""
     i = (x * 10).to(torch.int32)

@@ -255,17 +255,16 @@ def _leaf_with_desc(op: str, hit: tuple[int, tuple[TensorSpec, ...]], data: Any)
     return n
 
 
-_SCALAR_DESCS: dict[torch.dtype, tuple[int, tuple[TensorSpec, ...]]] = {}
+def node_code(target: str, fields: dict[str, str]) -> list[str]:
+    """Statements building a node into `target` as `node_with_desc` does, for generated code
+    (Note [Generated recording code] in recording.py): each of `Node`'s slots gets its
+    expression in `fields`, None if absent. They use the globals in `NODE_CODE_GLOBALS`."""
+    return [f"{target} = _new_node(_Node)"] + [
+        f"{target}.{slot} = {fields.get(slot, 'None')}" for slot in Node.__slots__
+    ]
 
 
-def scalar_fast(value: Any, dtype: torch.dtype) -> Node:
-    """`scalar(value, dtype)` with its descriptor looked up per dtype."""
-    hit = _SCALAR_DESCS.get(dtype)
-    if hit is None:
-        n = scalar(value, dtype)
-        _SCALAR_DESCS[dtype] = (n.desc, n.specs)
-        return n
-    return _leaf_with_desc(SCALAR, hit, value)
+NODE_CODE_GLOBALS = {"_new_node": _new_node, "_Node": Node}
 
 
 _DATA_DESCS: dict[TensorSpec, tuple[int, tuple[TensorSpec, ...]]] = {}

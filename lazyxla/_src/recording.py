@@ -8,9 +8,13 @@ inference, `record`) and keeps a plan; later calls of that signature replay the 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import linecache
+import os
 import time
 from collections.abc import Callable
+from types import CodeType, FunctionType
 from typing import Any
 
 import torch
@@ -28,8 +32,8 @@ from .dispatch import (
     _wrap_outputs,
     record,
 )
+from .ir import NODE_CODE_GLOBALS, Node, TensorSpec, node_code
 from .ir import SCALAR as _SCALAR_OP
-from .ir import Node, TensorSpec, node_with_desc, scalar_fast
 from .meta import (
     GENERATOR,
     OPT_TENSOR,
@@ -46,7 +50,15 @@ from .meta import (
     scalar_class,
 )
 from .ops.registry import Lowering
-from .tensor import STATE_FILL_OPS, check_device, new_tensor, read, storage_nbytes
+from .tensor import (
+    NEW_TENSOR_CODE_GLOBALS,
+    STATE_FILL_OPS,
+    check_device,
+    new_tensor_code,
+    new_tensor_globals,
+    read,
+    storage_nbytes,
+)
 from .writes import _METADATA_INPLACE, foreach_aliases
 from .writes import inplace_kernel as _dispatch_inplace_kernel
 
@@ -72,128 +84,234 @@ _now = time.perf_counter_ns
 _tracing = dispatch._tracing  # (the timing `_trace` sums, inlined on the replay paths)
 
 
-def _plan_key(
-    kinds: tuple[int, ...], vals: list[Any] | tuple, items: list[Any], states: list[Any]
-) -> tuple | None:
-    """The recording signature of a call (Note [Recording plans]), or None: no plan for it.
-    `items` receives the values the call lifts from its 0-d CPU tensors and scalar lists,
-    `states` its lazy tensors' states, in order."""
-    key: list[Any] = []
-    ref = None
-    wrapped = None
-    # The kinds are the op's, fixed per position, so a position's key need not repeat its kind:
-    # the cheap, common cases (Python numbers, None, bools) are tested first, by type.
-    for k, v in zip(kinds, vals):
-        t = type(v)
-        if t is float or t is int:
-            if k == STATIC:
-                if t is float:
-                    return None  # a float static may shape the program: slow path
-                key.append(v)
-                continue
-            # (v != 0 and v != 1: lifted, NaN too; only 0 and 1 need _is_unit's care)
-            if v != 0 and v != 1 or not _is_unit(v):
-                # A `Scalar` slot converts the checked way: Note [Checked scalar conversions].
-                key.append((t, _LIFTED, scalar_class(v)) if k == SCALAR else (t, _LIFTED))
-            else:
-                key.append((t, v))
-        elif v is None:
-            key.append(None)
-        elif t is bool:
-            key.append((bool, v))
-        elif k == STATIC:
-            if t in _EXACT_STATICS:  # values equal only when the same program
-                key.append(v)
-            elif t is list or t is tuple:
-                if not all(type(e) is int for e in v):
-                    return None
-                key.append((t, *v))
-            else:
-                return None
-        elif k == TENSOR_LIST:  # (`cat`'s tensors, a foreach op's lists)
-            if t is not list and t is not tuple:
-                return None
-            key.append(len(v))  # ([a, b], [c]) and ([a], [b, c]) are two signatures
-            for e in v:
-                s = (
-                    getattr(e.untyped_storage(), "_lx", None)
-                    if isinstance(e, torch.Tensor)
-                    else None
-                )
-                if s is None:
-                    return None  # a CPU tensor or None in the list: slow path
-                if ref is None:
-                    ref = e
-                states.append(s)
-                key.append(s.spec if s.base is None else (s.spec, e.stride()))
-                if s.stride is not None:
-                    key.append(s.stride)
-        elif k == SCALAR_LIST:  # (a foreach op's per-tensor scalars: Adam's step sizes)
-            if t is not list and t is not tuple:
-                return None
-            key.append(len(v))
-            for e in v:
-                te = type(e)
-                if te is float or te is int:
-                    if e != 0 and e != 1 or not _is_unit(e):
-                        items.append(e)
-                        key.append((te, _LIFTED))
-                    else:
-                        key.append((te, e))
-                elif te is bool:
-                    key.append((bool, e))
-                else:
-                    return None
-        elif k == SCALAR or not isinstance(v, torch.Tensor):
-            return None
+# Note [Generated recording code]
+# A plan hit is the hot path of lazy recording: every op of a model's step takes it. Written as
+# loops over the op's argument kinds and over the plan's node inputs, a third of its cost was
+# interpretation: type tests whose outcome the position's kind decides, a key list grown one
+# element at a time, a loop over inputs that is the same on every call. So both per-call halves
+# are generated once as straight-line Python, the generic logic partially evaluated:
+# - `_key_function(kinds)` computes a call's signature (Note [Recording plans]); there is one
+#   function per distinct tuple of argument kinds, made of one block per position, its kind's
+#   template in `_KEY_BLOCKS`. A block sets its position's key component `c<i>` or returns None:
+#   no plan, the slow path, which is always correct, so a block refuses anything unusual for its
+#   kind. Components of one position are equal only when the slow path records the same thing:
+#   a lazy tensor's spec (with its layout when it is a view or not contiguous), a number's class
+#   and value when baked (0 and 1) or its class alone when lifted.
+# - `_Plan.run` and `_Plan.node` build a plan's node (one line per node input: a lazy tensor's
+#   current value, or a lifted scalar's leaf) and its output tensors. The plan's constants are
+#   the function's globals, so the code depends only on the plan's input structure: it is
+#   compiled once per structure and bound once per plan. The nodes and a single output tensor
+#   are built inline: the statements come from `ir.node_code` and `tensor.new_tensor_code`,
+#   beside the functions whose work they repeat (`node_with_desc`, `new_tensor`); a test checks
+#   a planned output against `new_tensor`'s, field by field.
+# Each generated function's source is in linecache under its `<lazyxla ...>` file name, so
+# tracebacks, pdb and profilers show it.
+
+_KEY_BLOCKS = {
+    TENSOR: """\
+    v = vals[{i}]
+    if isinstance(v, _Tensor):
+        s = getattr(v.untyped_storage(), "_lx", None)
+        if s is not None:{ref}
+            states.append(s)
+            if s.base is None and s.stride is None:
+                c{i} = s.spec
+            else:  # (a view's layout is on the tensor, a base's on its state: `new_tensor`)
+                c{i} = (s.spec, None if s.base is None else v.stride(), s.stride)
+        elif v.is_cpu and not v.dim():  # a wrapped number or 0-d CPU tensor: its value is read
+            c{i} = _wrapped_key(v, items)
+            wrapped = [v] if wrapped is None else [*wrapped, v]
         else:
-            s = getattr(v.untyped_storage(), "_lx", None)
-            if s is not None:
-                if ref is None and k == TENSOR:
-                    ref = v
-                states.append(s)
-                # A base's layout is its state's (`new_tensor`); a view's is on the tensor.
-                key.append(s.spec if s.base is None else (s.spec, v.stride()))
-                if s.stride is not None:
-                    key.append(s.stride)
-            elif v.is_cpu and not v.dim():
-                x = v.item()
-                if _is_unit(x):  # baked: the key holds it
-                    key.append((v.dtype, x))
-                else:
-                    items.append(x)
-                    # (its class: some ops convert it the checked way, Note [Checked scalar
-                    # conversions])
-                    c = scalar_class(x) if type(x) is int or type(x) is float else None
-                    key.append((v.dtype, _LIFTED, c))
-                wrapped = [v] if wrapped is None else [*wrapped, v]
-            else:
-                return None
-    if wrapped is not None:
-        if ref is None:
             return None
-        key.append(tuple([torch.result_type(ref, w) for w in wrapped]))
-    # The default dtype types a floating result of integer inputs (`sin(int_tensor)`,
-    # `int_tensor * 2.5`) and of a factory given no dtype.
-    key.append(_default_dtype())
-    return tuple(key)
+    else:
+        t = type(v)
+        if t is float or t is int:  # baked when a unit, else lifted (NaN too)
+            if v != 0 and v != 1 or not _is_unit(v):
+                c{i} = (t, _LIFTED)
+            else:
+                c{i} = (t, v)
+        elif v is None:
+            c{i} = None
+        elif t is bool:
+            c{i} = (bool, v)
+        else:
+            return None
+""",
+    # (a `Scalar` slot converts the checked way, Note [Checked scalar conversions]: its class)
+    SCALAR: """\
+    v = vals[{i}]
+    t = type(v)
+    if t is float or t is int:
+        if v != 0 and v != 1 or not _is_unit(v):
+            c{i} = (t, _LIFTED, scalar_class(v))
+        else:
+            c{i} = (t, v)
+    elif t is bool:
+        c{i} = (bool, v)
+    elif v is None:
+        c{i} = None
+    else:
+        return None
+""",
+    STATIC: """\
+    v = vals[{i}]
+    t = type(v)
+    if t is int or t in _EXACT_STATICS:  # (values equal only when the same program)
+        c{i} = v
+    elif v is None:
+        c{i} = None
+    elif t is bool:
+        c{i} = (bool, v)
+    elif (t is list or t is tuple) and all([type(e) is int for e in v]):
+        c{i} = (t, *v)
+    else:  # a float static may shape the program, among others: the slow path
+        return None
+""",
+    TENSOR_LIST: """\
+    v = vals[{i}]
+    t = type(v)
+    if t is list or t is tuple:  # (`cat`'s tensors, a foreach op's lists)
+        c{i} = _tensor_list_key(v, states)
+        if c{i} is None:
+            return None
+        if ref is None and v:
+            ref = v[0]
+    elif v is None:
+        c{i} = None
+    else:
+        return None
+""",
+    SCALAR_LIST: """\
+    v = vals[{i}]
+    t = type(v)
+    if t is list or t is tuple:  # (a foreach op's per-tensor scalars: Adam's step sizes)
+        c{i} = _scalar_list_key(v, items)
+        if c{i} is None:
+            return None
+    elif v is None:
+        c{i} = None
+    else:
+        return None
+""",
+}
+_KEY_BLOCKS[OPT_TENSOR] = _KEY_BLOCKS[TENSOR]
+
+
+def _key_function(kinds: tuple[int, ...]) -> Callable[[Any, list, list], tuple | None]:
+    """The recording signature of a call with these argument kinds, or None: no plan for it
+    (Note [Generated recording code]). `key(vals, items, states)`: `items` receives the values
+    the call lifts from its 0-d CPU tensors and scalar lists, `states` its lazy tensors' states,
+    in order."""
+    fn = _KEY_FUNCTIONS.get(kinds)
+    if fn is not None:
+        return fn
+    lines = ["def key(vals, items, states):"]
+    if {TENSOR, OPT_TENSOR, TENSOR_LIST}.intersection(kinds):
+        lines.append("    ref = wrapped = None")
+    for i, k in enumerate(kinds):
+        ref = "\n            if ref is None:\n                ref = v" if k == TENSOR else ""
+        lines.append(_KEY_BLOCKS[k].format(i=i, ref=ref).rstrip())
+    comps = "".join(f"c{i}, " for i in range(len(kinds)))
+    # A 0-d CPU tensor promotes with the first lazy tensor unlike a Python number: the result
+    # dtypes are in the key. The default dtype types a floating result of integer inputs
+    # (`sin(int_tensor)`, `int_tensor * 2.5`) and a factory's given no dtype.
+    if TENSOR in kinds or OPT_TENSOR in kinds:
+        lines += [
+            "    if wrapped is not None:",
+            "        if ref is None:",
+            "            return None",
+            f"        return ({comps}_promoted(ref, wrapped), _default_dtype())",
+        ]
+    lines.append(f"    return ({comps}_default_dtype())")
+    fn = _KEY_FUNCTIONS[kinds] = _generate(
+        "\n".join(lines), "key", f"plan key {len(_KEY_FUNCTIONS)}", _KEY_GLOBALS
+    )
+    return fn
+
+
+_KEY_FUNCTIONS: dict[tuple[int, ...], Callable[[Any, list, list], tuple | None]] = {}
+
+
+def _generate(source: str, name: str, title: str, namespace: dict[str, Any]) -> Any:
+    """The function `name` that `source` defines, with `namespace` as its globals and its
+    source in linecache under a file name made from `title`. (The name is in this package's
+    directory: torch.compile's dynamo runs, never traces, lazyxla's kernels, `dynamo.py`.)"""
+    filename = os.path.join(os.path.dirname(__file__), f"<lazyxla {title}>")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace.pop(name)
+
+
+def _wrapped_key(v: torch.Tensor, items: list[Any]) -> tuple:
+    """A 0-d CPU tensor's key component: its dtype, and its value when a unit (baked)."""
+    x = v.item()
+    if _is_unit(x):
+        return (v.dtype, x)
+    items.append(x)
+    # (its class: some ops convert it the checked way, Note [Checked scalar conversions])
+    return (v.dtype, _LIFTED, scalar_class(x) if type(x) is int or type(x) is float else None)
+
+
+def _promoted(ref: torch.Tensor, wrapped: list[torch.Tensor]) -> tuple:
+    return tuple([torch.result_type(ref, w) for w in wrapped])
+
+
+def _tensor_list_key(v: list | tuple, states: list[Any]) -> tuple | None:
+    """A tensor list's key component, None unless each entry is a lazy tensor; its length is
+    the tuple's: ([a, b], [c]) and ([a], [b, c]) are two signatures."""
+    comps = []
+    for e in v:
+        s = getattr(e.untyped_storage(), "_lx", None) if isinstance(e, torch.Tensor) else None
+        if s is None:
+            return None  # a CPU tensor or None in the list: slow path
+        states.append(s)
+        comps.append(
+            s.spec
+            if s.base is None and s.stride is None
+            else (s.spec, None if s.base is None else e.stride(), s.stride)
+        )
+    return tuple(comps)
+
+
+def _scalar_list_key(v: list | tuple, items: list[Any]) -> tuple | None:
+    """A scalar list's key component; its lifted entries go to `items`."""
+    comps = []
+    for e in v:
+        t = type(e)
+        if t is float or t is int:
+            if e != 0 and e != 1 or not _is_unit(e):
+                items.append(e)
+                comps.append((t, _LIFTED))
+            else:
+                comps.append((t, e))
+        elif t is bool:
+            comps.append((bool, e))
+        else:
+            return None
+    return tuple(comps)
+
+
+_KEY_GLOBALS = {
+    "__builtins__": builtins,
+    "_Tensor": torch.Tensor,
+    "_LIFTED": _LIFTED,
+    "_EXACT_STATICS": _EXACT_STATICS,
+    "_is_unit": _is_unit,
+    "scalar_class": scalar_class,
+    "_wrapped_key": _wrapped_key,
+    "_promoted": _promoted,
+    "_tensor_list_key": _tensor_list_key,
+    "_scalar_list_key": _scalar_list_key,
+    "_default_dtype": _default_dtype,
+}
 
 
 class _Plan:
-    """What a call of one signature records (Note [Recording plans])."""
+    """What a call of one signature records (Note [Recording plans]): `run(vals, items,
+    states)` records it and returns its outputs, `node(...)` only builds its node (Note
+    [Generated recording code])."""
 
-    __slots__ = (
-        "name",
-        "rule",
-        "sources",
-        "unary",
-        "args",
-        "kwargs",
-        "specs",
-        "desc",
-        "aten",
-        "outputs",
-    )
+    __slots__ = ("run", "node")
 
     def __init__(
         self,
@@ -204,96 +322,136 @@ class _Plan:
         strides: Any,
         stores: bool = False,
     ) -> None:
-        # Where each input of `node` came from, in order: (None, None) the next lazy tensor
-        # (`states`), (None, dtype) the next value lifted from a 0-d CPU tensor or a scalar list
-        # (`items`), (position, dtype) the Python number at that position.
-        sources: list[tuple[int | None, Any]] = []
+        # Where each input of `node` comes from, in order: an expression of the generated code
+        # (with statements before it), and the lifted scalars' leaf descriptors (`scalar<j>`,
+        # bound as globals).
         inputs = node.inputs
+        lines: list[str] = []
+        prelude: list[str] = []
+        namespace: dict[str, Any] = {}
+        n_states = n_items = 0
 
-        def lifted(dtype_from: int | None) -> None:
-            j = len(sources)
+        def lifted(source: str) -> None:
+            j = len(lines)
             if j >= len(inputs) or inputs[j][0].op != _SCALAR_OP:
                 raise _NoPlan
-            sources.append((dtype_from, inputs[j][0].specs[0].dtype))
+            leaf = inputs[j][0]
+            namespace[f"SCALAR{j}_SPECS"] = leaf.specs
+            namespace[f"SCALAR{j}_DESC"] = leaf.desc
+            prelude.extend(
+                node_code(
+                    f"n{j}",
+                    {
+                        "op": "_SCALAR",
+                        "inputs": "()",
+                        "args": "()",
+                        "kwargs": "()",
+                        "specs": f"SCALAR{j}_SPECS",
+                        "desc": f"SCALAR{j}_DESC",
+                        "data": source,
+                    },
+                )
+            )
+            lines.append(f"(n{j}, 0)")
+
+        def tensor() -> None:  # a lazy tensor's current value (`read`, its common case inline)
+            nonlocal n_states
+            n = n_states
+            n_states += 1
+            prelude.extend((f"s{n} = states[{n}]", f"b{n} = s{n}.base"))
+            lines.append(f"s{n}.value if b{n} is None or s{n}.seen == b{n}.version else read(s{n})")
 
         for i, v in enumerate(vals):
             k = kinds[i]
             if k == TENSOR_LIST:
-                sources.extend((None, None) for _ in v)
+                for _ in v:
+                    tensor()
             elif k == SCALAR_LIST:
                 for e in v:
                     if _is_lifted(e):
-                        lifted(None)
+                        lifted(f"items[{n_items}]")
+                        n_items += 1
             elif isinstance(v, torch.Tensor) and not v.is_cpu:
-                sources.append((None, None))
+                tensor()
             elif k != STATIC and (
                 _is_lifted(v) or stores and k == SCALAR and type(v) in (bool, int, float)
             ):  # (a fill's Scalar is lifted even when a unit: STORES_SCALAR)
-                lifted(None if isinstance(v, torch.Tensor) else i)
-        if len(sources) != len(inputs):
+                if isinstance(v, torch.Tensor):
+                    lifted(f"items[{n_items}]")
+                    n_items += 1
+                else:
+                    lifted(f"vals[{i}]")
+        if len(lines) != len(inputs):
             raise _NoPlan
-        self.name = node.op
-        self.rule = node.rule
-        self.sources = tuple(sources)
-        self.unary = self.sources == ((None, None),)
-        self.args = node.args
-        self.kwargs = node.kwargs
-        self.specs = node.specs
-        self.desc = node.desc
-        self.aten = node.aten
-        if isinstance(out_struct, TensorSpec):
+        namespace.update(
+            _PLAN_GLOBALS,
+            NAME=node.op,
+            RULE=node.rule,
+            ARGS=node.args,
+            KWARGS=node.kwargs,
+            SPECS=node.specs,
+            DESC=node.desc,
+            ATEN=node.aten,
+        )
+        if isinstance(out_struct, TensorSpec):  # one output: `new_tensor`, inline
             st = strides[0] if strides is not None else None
             nbytes = storage_nbytes(out_struct.shape, st, out_struct.dtype.itemsize)
-            self.outputs = (out_struct, st, nbytes)
+            namespace.update(new_tensor_globals(out_struct, st, nbytes))
+            wrap = (*new_tensor_code("(node, 0)", st, out_struct), "return t")
         else:
-            self.outputs = (out_struct, strides, None)
+            namespace.update(STRUCT=out_struct, STRIDE=strides)
+            wrap = ("return _wrap_outputs(node, STRUCT, [0], STRIDE)",)
+        code = _plan_code(tuple(prelude), tuple(lines), wrap)
+        self.run = FunctionType(code[0], namespace)
+        self.node = FunctionType(code[1], namespace)
 
-    def run(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Any:
-        if self.unary:  # one lazy tensor in, nothing lifted: `node` without its loop
-            s = states[0]
-            b = s.base
-            value = s.value if b is None or s.seen == b.version else read(s)
-            node = node_with_desc(
-                self.name,
-                self.rule,
-                (value,),
-                self.args,
-                self.kwargs,
-                self.specs,
-                self.desc,
-                self.aten,
-            )
-        else:
-            node = self.node(vals, items, states)
-        struct, stride, nbytes = self.outputs
-        if nbytes is not None:
-            return new_tensor((node, 0), struct, stride, nbytes)
-        return _wrap_outputs(node, struct, [0], stride)
 
-    def node(self, vals: list[Any] | tuple, items: list[Any], states: list[Any]) -> Node:
-        inputs = []
-        it = st = 0
-        for i, dtype in self.sources:
-            if dtype is None:
-                s = states[st]
-                st += 1
-                b = s.base
-                inputs.append(s.value if b is None or s.seen == b.version else read(s))
-            elif i is None:
-                inputs.append((scalar_fast(items[it], dtype), 0))
-                it += 1
-            else:
-                inputs.append((scalar_fast(vals[i], dtype), 0))
-        return node_with_desc(
-            self.name,
-            self.rule,
-            tuple(inputs),
-            self.args,
-            self.kwargs,
-            self.specs,
-            self.desc,
-            self.aten,
+def _plan_code(
+    prelude: tuple[str, ...], inputs: tuple[str, ...], wrap: tuple[str, ...]
+) -> tuple[CodeType, CodeType]:
+    """The code of a plan's `run` and `node`: the statements before its node, its node inputs'
+    expressions and the statements wrapping its outputs (Note [Generated recording code])."""
+    code = _PLAN_CODE.get((prelude, inputs, wrap))
+    if code is None:
+        build = node_code(
+            "node",
+            {
+                "op": "NAME",
+                "rule": "RULE",
+                "inputs": "(" + "".join(f"{e}, " for e in inputs) + ")",
+                "args": "ARGS",
+                "kwargs": "KWARGS",
+                "specs": "SPECS",
+                "desc": "DESC",
+                "aten": "ATEN",
+            },
         )
+        body = "".join(f"    {line}\n" for line in (*prelude, *build))
+        source = (
+            f"def run(vals, items, states):\n{body}"
+            + "".join(f"    {line}\n" for line in wrap)
+            + f"\n\ndef node(vals, items, states):\n{body}    return node\n"
+        )
+        namespace = dict(_PLAN_GLOBALS)
+        code = (
+            _generate(source, "run", f"recording plan {len(_PLAN_CODE)}", namespace).__code__,
+            namespace.pop("node").__code__,
+        )
+        _PLAN_CODE[(prelude, inputs, wrap)] = code
+    return code
+
+
+_PLAN_CODE: dict[tuple, tuple[CodeType, CodeType]] = {}
+
+
+_PLAN_GLOBALS = {
+    "__builtins__": builtins,
+    "read": read,
+    "_SCALAR": _SCALAR_OP,
+    "_wrap_outputs": _wrap_outputs,
+    **NODE_CODE_GLOBALS,
+    **NEW_TENSOR_CODE_GLOBALS,
+}
 
 
 class _NoPlan(Exception):
@@ -322,6 +480,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     stores = name in STORES_SCALAR
     plans: dict[tuple, _Plan | None] = {}
     check = per_call_check(op)
+    plan_key = _key_function(kinds) if planned else None
 
     nargs = len(specs)
     defaults = tuple(s.default for s in specs)
@@ -345,7 +504,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 if full
                 else bind(specs, args, kwargs)
             )
-            key = _plan_key(kinds, vals, items, states)
+            key = plan_key(vals, items, states)
             if key is not None:
                 for i in device_args:
                     check_device(vals[i])
@@ -423,6 +582,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     stores = name in STORES_SCALAR
     returns_self = len(op._schema.returns) > 0
     plans: dict[tuple, _Plan | None] = {}
+    plan_key = _key_function(fkinds)
     counters = metrics._counters
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -435,7 +595,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
             vals = args if len(args) == nargs else args + defaults[len(args) :]
         items: list[Any] = []
         states: list[Any] = []
-        key = _plan_key(fkinds, vals, items, states)
+        key = plan_key(vals, items, states)
         if key is None:
             return slow(*args, **kwargs)
         target = vals[w]
