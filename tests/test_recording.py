@@ -241,6 +241,31 @@ def test_planned_outputs_are_what_the_slow_path_builds():
             assert sb.data_ptr() % 64 == 0 and sc.data_ptr() - sb.data_ptr() >= sb.nbytes()
 
 
+def test_float_statics_and_bool_masks_key_plans_exactly():
+    """A baked float static (a norm's eps) and a `bool[]` static (a backward's output mask) are
+    in the signature by value: calls alternating them replay each one's own plan and keep
+    eager's values and gradients."""
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 8), torch.randn(8)
+    outs = []
+    for d in ("cpu", DEV):
+        got = []
+        for _ in range(2):
+            for eps in (1e-5, 0.5, 2.0, 0.5):
+                got.append(torch.nn.functional.layer_norm(x.to(d), (8,), eps=eps))
+                got.append(torch.nn.functional.rms_norm(x.to(d), (8,), eps=eps))
+            for needs in ((True, False), (True, True), (False, True), (True, False)):
+                xd = x.to(d).detach().requires_grad_(needs[0])
+                wd = w.to(d).detach().requires_grad_(needs[1])
+                y = torch.nn.functional.layer_norm(xd, (8,), wd, eps=1e-5)
+                r = torch.nn.functional.rms_norm(xd, (8,), wd, eps=1e-5)
+                wrt = [t for t, n in zip((xd, wd), needs, strict=True) if n]
+                got += torch.autograd.grad((y * y).sum() + (r * r).sum(), wrt)
+        outs.append([t.detach().cpu() for t in got])
+    for r, o in zip(*outs, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
 def _inplace_ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     """In-place ops in alternating signatures; each writes a fresh clone (or a view of one)."""
     i = (x * 10).to(torch.int32)

@@ -73,8 +73,9 @@ from .writes import inplace_kernel as _dispatch_inplace_kernel
 # depend on (a 0-d CPU tensor's promotion with the first lazy tensor, because a wrapped Python
 # number and a 0-d tensor promote differently; a tensor list's length; a factory's device; the
 # default dtype, which types the floating result of integer inputs and a factory's output given
-# no dtype), and ops with lists of optional tensors, generator or float static arguments,
-# random ops, and XLA_IR_DEBUG (source lines) always take the slow path. Only lifted values are
+# no dtype), and ops with lists of optional tensors or generator arguments, random ops, and
+# XLA_IR_DEBUG (source lines) always take the slow path, as does a call with a float static of
+# 0 or NaN (statics are keyed by ==, exact for other floats). Only lifted values are
 # read from a later call: a unit (a baked 0 or 1) is in the signature itself.
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
@@ -162,9 +163,19 @@ _KEY_BLOCKS = {
         c{i} = None
     elif t is bool:
         c{i} = (bool, v)
-    elif (t is list or t is tuple) and all([type(e) is int for e in v]):
-        c{i} = (t, *v)
-    else:  # a float static may shape the program, among others: the slow path
+    elif t is float:  # baked: keyed exactly (0.0 == -0.0, and NaN is unequal to itself)
+        if v != 0 and v == v:
+            c{i} = (float, v)
+        else:
+            return None
+    elif t is list or t is tuple:  # (`int[]` sizes and dims, a `bool[]` output mask)
+        if all([type(e) is int for e in v]):
+            c{i} = (t, *v)
+        elif all([type(e) is bool for e in v]):
+            c{i} = (t, bool, *v)
+        else:
+            return None
+    else:
         return None
 """,
     TENSOR_LIST: """\
