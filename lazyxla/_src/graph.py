@@ -236,16 +236,17 @@ class Capture:
     """A pending graph, numbered: its key, its inputs, and where its outputs go."""
 
     def __init__(self, states: list[LazyState], donate: bool = False, full: bool = False) -> None:
-        root_index: dict[tuple[int, int], int] = {}
+        # Nodes are keyed by themselves (they hash by identity), not by id(): a sync walks every
+        # pending node, and an id() call per visit was a tenth of its Python time.
+        root_index: dict[tuple[Node, int], int] = {}
         root_values: list[tuple[Node, int]] = []
         self.bindings: list[tuple[LazyState, int]] = []
         out_shardings: list[Any] = []
         for s in states:
             v = s.value
-            k = (id(v[0]), v[1])
-            r = root_index.get(k)
+            r = root_index.get(v)
             if r is None:
-                r = root_index[k] = len(root_values)
+                r = root_index[v] = len(root_values)
                 root_values.append(v)
                 ann = s.sharding
                 out_shardings.append(getattr(ann, "named", None))
@@ -253,17 +254,17 @@ class Capture:
         self.out_shardings = tuple(out_shardings)  # See Note [Sharding]
         self.root_values = root_values
         # Note [A state's first value is data] in tensor.py: such a fill is a data leaf.
-        fills = set() if spmd() else {id(s.fill) for s in states if s.fill is not None}
-        stop = (lambda n: id(n) in fills) if fills else None
+        fills = set() if spmd() else {s.fill for s in states if s.fill is not None}
+        stop = fills.__contains__ if fills else None
         nodes = post_order([n for n, _ in root_values], stop)
-        pos: dict[int, int] = {}
+        pos: dict[Node, int] = {}
         parts: list[Any] = []
         data: list[jax.Array] = []
         scalars: dict[np.dtype, list[Any]] = {}
         scalar_order: list[np.dtype] = []
         self.fill_data: dict[int, Node] = {}  # a state's first fill's id -> its data node
         for i, n in enumerate(nodes):
-            pos[id(n)] = i
+            pos[n] = i
             if n.op == DEVICE_DATA:
                 data.append(n.data)
                 parts.append(n.desc)
@@ -272,18 +273,21 @@ class Capture:
                 scalars.setdefault(dt, []).append(n.data)
                 scalar_order.append(dt)
                 parts.append(n.desc)
-            elif fills and id(n) in fills:
+            elif fills and n in fills:
                 d = self.fill_data[id(n)] = _fill_data(n)
                 data.append(d.data)
                 parts.append(d.desc)
+            elif len(n.inputs) == 1:  # (most nodes: spelled out, no comprehension's frame)
+                ((x, k),) = n.inputs
+                parts.append((n.desc, ((pos[x], k),)))
             elif n.inputs:
-                parts.append((n.desc, tuple([(pos[id(x)], k) for x, k in n.inputs])))
+                parts.append((n.desc, tuple([(pos[x], k) for x, k in n.inputs])))
             else:
                 parts.append(n.desc)
         if len(root_values) > 1:  # Note [Roots in graph order]
             order = sorted(
                 range(len(root_values)),
-                key=lambda r: (pos[id(root_values[r][0])], root_values[r][1]),
+                key=lambda r: (pos[root_values[r][0]], root_values[r][1]),
             )
             if any(r != i for i, r in enumerate(order)):
                 new_index = [0] * len(order)
@@ -294,7 +298,7 @@ class Capture:
                 self.bindings = [(s, new_index[r]) for s, r in self.bindings]
         self.nodes = nodes
         self.pos = pos
-        self.roots = [(pos[id(n)], k) for n, k in root_values]
+        self.roots = [(pos[n], k) for n, k in root_values]
         # Marked donors count in a full sync, or while torch_xla's buffer donor config is on
         # (Note [Buffer donor config] in dynamo.py); a hash or a partial sync ignores them.
         marked = (
@@ -338,7 +342,8 @@ class Capture:
 
     def program(self) -> Program:
         leaves = frozenset(self.fill_data)
-        return Program(self.nodes, self.pos, self.roots, self.out_shardings, leaf_ids=leaves)
+        pos = {id(n): i for n, i in self.pos.items()}
+        return Program(self.nodes, pos, self.roots, self.out_shardings, leaf_ids=leaves)
 
     def args(self) -> tuple:
         """The executable's arguments: (donated data, kept data, scalars) or (data, scalars)."""

@@ -370,29 +370,32 @@ def post_order(
     Nodes for which `stop` is true are kept as leaves: their inputs are not visited. With a
     `limit`: None as soon as more than `limit` nodes are reached (a larger graph is not walked).
     """
+    # (Nodes hash by identity: a set of nodes, not of their ids, saves an id() call per visit.)
     order: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()
+    see = seen.add
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
         stack: list[tuple[Node, bool]] = [(root, False)]
+        pop, push = stack.pop, stack.append
         while stack:
-            node, expanded = stack.pop()
+            node, expanded = pop()
             if expanded:
                 order.append(node)
                 continue
-            if id(node) in seen:
+            if node in seen:
                 continue
-            seen.add(id(node))
+            see(node)
             if limit is not None and len(seen) > limit:
                 return None
             if stop is not None and stop(node):
                 order.append(node)
                 continue
-            stack.append((node, True))
+            push((node, True))
             for inp, _ in node.inputs:
-                if id(inp) not in seen:
-                    stack.append((inp, False))
+                if inp not in seen:
+                    push((inp, False))
     return order
 
 
