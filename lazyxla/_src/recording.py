@@ -115,10 +115,7 @@ _KEY_BLOCKS = {
         s = getattr(v.untyped_storage(), "_lx", None)
         if s is not None:{ref}
             states.append(s)
-            if s.base is None and s.stride is None:
-                c{i} = s.spec
-            else:  # (a view's layout is on the tensor, a base's on its state: `new_tensor`)
-                c{i} = (s.spec, None if s.base is None else v.stride(), s.stride)
+            c{i} = s.spec if s.base is None and s.stride is None else _layout_key(s, v)
         elif v.is_cpu and not v.dim():  # a wrapped number or 0-d CPU tensor: its value is read
             c{i} = _wrapped_key(v, items)
             wrapped = [v] if wrapped is None else [*wrapped, v]
@@ -276,12 +273,15 @@ def _tensor_list_key(v: list | tuple, states: list[Any]) -> tuple | None:
         if s is None:
             return None  # a CPU tensor or None in the list: slow path
         states.append(s)
-        comps.append(
-            s.spec
-            if s.base is None and s.stride is None
-            else (s.spec, None if s.base is None else e.stride(), s.stride)
-        )
+        comps.append(s.spec if s.base is None and s.stride is None else _layout_key(s, e))
     return tuple(comps)
+
+
+def _layout_key(s: Any, t: torch.Tensor) -> tuple:
+    """The key component of a lazy tensor that is a view or not contiguous: its spec and layout
+    (a view's is on the tensor, a base's on its state: `new_tensor`). A contiguous base's is its
+    spec alone, tested inline by the callers (the common case)."""
+    return (s.spec, None if s.base is None else t.stride(), s.stride)
 
 
 def _scalar_list_key(v: list | tuple, items: list[Any]) -> tuple | None:
@@ -312,6 +312,7 @@ _KEY_GLOBALS = {
     "_wrapped_key": _wrapped_key,
     "_promoted": _promoted,
     "_tensor_list_key": _tensor_list_key,
+    "_layout_key": _layout_key,
     "_scalar_list_key": _scalar_list_key,
     "_default_dtype": _default_dtype,
 }
@@ -334,8 +335,8 @@ class _Plan:
         stores: bool = False,
     ) -> None:
         # Where each input of `node` comes from, in order: an expression of the generated code
-        # (with statements before it), and the lifted scalars' leaf descriptors (`scalar<j>`,
-        # bound as globals).
+        # (with statements before it), and the lifted scalars' leaf specs and descriptors
+        # (`SCALAR<j>_SPECS`, `SCALAR<j>_DESC`, bound as globals).
         inputs = node.inputs
         lines: list[str] = []
         prelude: list[str] = []

@@ -551,18 +551,19 @@ def new_tensor(
 
 def new_tensor_code(value: str, stride: tuple[int, ...] | None, spec: TensorSpec) -> list[str]:
     """Statements creating `new_tensor(<value>, SPEC, STRIDE, NBYTES)` as `t`, for generated code
-    (Note [Generated recording code] in recording.py). The constants are globals (`SPEC`,
-    `STRIDE`, `NBYTES` and `SPAN`, `new_tensor_globals`); `stride` and `spec` decide only
-    whether the layout is set. They use the globals in `NEW_TENSOR_CODE_GLOBALS` too."""
+    (Note [Generated recording code] in recording.py). The constants are globals
+    (`new_tensor_globals`: `SPEC` with its `SHAPE` and `DTYPE`, `STRIDE`, `NBYTES`, `SPAN`,
+    `LAYOUT`); `stride` and `spec` decide only whether the layout is set. They use the globals
+    in `NEW_TENSOR_CODE_GLOBALS` too."""
     lines = [
-        "t = _create_empty(SPEC.shape, SPEC.dtype)",
+        "t = _create_empty(SHAPE, DTYPE)",
         "st = t.untyped_storage()",
         "p = _next_address[0]",
         "_next_address[0] = p + SPAN",
         "st._swap_data_ptr_(_storage_at(p, _DEVICE, NBYTES))",
     ]
     if stride is not None or 0 in spec.shape:
-        lines.append("_set_layout(_META, t, SPEC.shape, LAYOUT, 0)")
+        lines.append("_set_layout(_META, t, SHAPE, LAYOUT, 0)")
     return lines + [
         f"st._lx = _LazyState({value}, SPEC, STRIDE)",
         "_counters[_CREATE] = _counters.get(_CREATE, 0) + 1",
@@ -575,6 +576,8 @@ def new_tensor_globals(
     """The constants `new_tensor_code`'s statements read for one output."""
     return {
         "SPEC": spec,
+        "SHAPE": spec.shape,
+        "DTYPE": spec.dtype,
         "STRIDE": stride,
         "NBYTES": nbytes,
         "SPAN": (nbytes + 127) // 64 * 64,
