@@ -441,3 +441,88 @@ def test_like_factories_do_not_hold_their_inputs_graph():
         for g, r in zip(got, ref):
             assert torch.equal(g, r) and g.stride() == r.stride()
     assert compiles[1] == 0, compiles  # the second producer's factories reuse the first graph
+
+
+def _guard_cases(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    """Calls that each differ from a guarded plan made just before (Note [Guarded plans]) in one
+    argument: a guard that let it through would replay the other call's plan."""
+    i = (x * 10).to(torch.int32)
+    leaky, rsub = torch.ops.aten.leaky_relu.default, torch.ops.aten.rsub.Scalar
+    c = x.clone()
+    view = c.t()
+    before = view * 2.5
+    c.add_(1.0)  # the view is stale: a replay must read its base's write
+    return [
+        before,
+        view * 2.5,
+        x * 0.0,  # baked 0.0, then a lifted -0.0 (the sign of zero products differs)
+        x * -0.0,
+        x * 1.0,  # baked 1.0, then a lifted 1.5 of the same class
+        x * 1.5,
+        i * 2,  # an int scalar, then a float one: another result dtype
+        i * 2.5,
+        i * True,
+        leaky(x),  # one argument, then two: the slope passed, not its default
+        leaky(x, 0.2),
+        leaky(x),
+        rsub(x, 2, 3),  # a Scalar's class: an int, then a float
+        rsub(x, 2, 2.5),
+        rsub(i, 2, 3),
+        x + w,  # another spec in the second position: float64 promotes
+        x + w.double(),
+        x + w[0],  # broadcast
+        x + w.t(),  # a view in the second position, then in the first, then both
+        x.t() + w,
+        x.t() + w.t(),
+        x.t() * 1.5,
+        x[1:] * 1.5,  # another view of the same spec: other strides
+        x.t()[1:] * 1.5,
+        torch.softmax(x, 0),  # statics: an int, a list, a bool
+        torch.softmax(x, 1),
+        x.sum(0),
+        x.sum(1),
+        x.sum([0, 1]),
+        x.sum([1], keepdim=True),
+        x.sum([1], keepdim=False),
+        torch.nn.functional.softplus(x, 2.0),  # a lifted default threshold after the beta given
+        torch.nn.functional.softplus(x, 2.0, 5.0),
+        torch.nn.functional.softplus(x, 2.0),
+    ]
+
+
+def test_guarded_plans_replay_only_their_own_signature():
+    """Each call runs once the guarded function of a plan of another signature: it must miss and
+    record what eager computes (values, dtypes, strides, signs of zero), with the default dtype
+    changed in between (a factor of the result dtype of integers times a float). The guarded
+    functions run."""
+    import sys
+
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    ran = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "fast":
+            ran[0] += 1
+
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            ref = _guard_cases(x, w)
+            sys.setprofile(profile)
+            try:
+                out = _guard_cases(x.to(DEV), w.to(DEV))
+            finally:
+                sys.setprofile(None)
+        finally:
+            torch.set_default_dtype(prev)
+        for k, (r, o) in enumerate(zip(ref, out, strict=True)):
+            assert o.dtype == r.dtype and o.shape == r.shape and o.stride() == r.stride(), (
+                dtype,
+                k,
+            )
+            o = o.cpu()
+            torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6, msg=f"{dtype} case {k}")
+            assert torch.equal(torch.signbit(o), torch.signbit(r)), (dtype, k)
+    assert ran[0] > len(ref)  # the later rounds go through the guarded functions

@@ -57,6 +57,7 @@ from .tensor import (
     new_tensor_code,
     new_tensor_globals,
     read,
+    state,
     storage_nbytes,
 )
 from .writes import _METADATA_INPLACE, foreach_aliases
@@ -79,6 +80,7 @@ from .writes import inplace_kernel as _dispatch_inplace_kernel
 # read from a later call: a unit (a baked 0 or 1) is in the signature itself.
 _FAST_KINDS = frozenset((TENSOR, OPT_TENSOR, SCALAR, STATIC, TENSOR_LIST, SCALAR_LIST))
 _LIFTED = object()
+_MISS = object()  # a guarded plan's answer to a call of another signature (Note [Guarded plans])
 _EXACT_STATICS = (torch.dtype, str, torch.memory_format, torch.layout, torch.device)
 _default_dtype = torch.get_default_dtype
 _now = time.perf_counter_ns
@@ -323,7 +325,7 @@ class _Plan:
     states)` records it and returns its outputs, `node(...)` only builds its node (Note
     [Generated recording code])."""
 
-    __slots__ = ("run", "node")
+    __slots__ = ("run", "node", "fast")
 
     def __init__(
         self,
@@ -333,12 +335,14 @@ class _Plan:
         out_struct: Any,
         strides: Any,
         stores: bool = False,
+        given: int | None = None,
     ) -> None:
         # Where each input of `node` comes from, in order: an expression of the generated code
         # (with statements before it), and the lifted scalars' leaf specs and descriptors
         # (`SCALAR<j>_SPECS`, `SCALAR<j>_DESC`, bound as globals).
         inputs = node.inputs
         lines: list[str] = []
+        loads: list[str] = []  # each lazy tensor's state, from the key's `states`
         prelude: list[str] = []
         namespace: dict[str, Any] = {}
         n_states = n_items = 0
@@ -370,7 +374,8 @@ class _Plan:
             nonlocal n_states
             n = n_states
             n_states += 1
-            prelude.extend((f"s{n} = states[{n}]", f"b{n} = s{n}.base"))
+            loads.append(f"s{n} = states[{n}]")
+            prelude.append(f"b{n} = s{n}.base")
             lines.append(f"s{n}.value if b{n} is None or s{n}.seen == b{n}.version else read(s{n})")
 
         for i, v in enumerate(vals):
@@ -413,17 +418,26 @@ class _Plan:
         else:
             namespace.update(STRUCT=out_struct, STRIDE=strides)
             wrap = ("return _wrap_outputs(node, STRUCT, [0], STRIDE)",)
-        code = _plan_code(tuple(prelude), tuple(lines), wrap)
+        guard = _guard(kinds, vals, given, n_states) if given is not None else None
+        if guard is not None:
+            namespace.update(guard[1])
+        code = _plan_code(tuple(loads), tuple(prelude), tuple(lines), wrap, guard and guard[0])
         self.run = FunctionType(code[0], namespace)
         self.node = FunctionType(code[1], namespace)
+        self.fast = FunctionType(code[2], namespace) if code[2] is not None else None
 
 
 def _plan_code(
-    prelude: tuple[str, ...], inputs: tuple[str, ...], wrap: tuple[str, ...]
-) -> tuple[CodeType, CodeType]:
-    """The code of a plan's `run` and `node`: the statements before its node, its node inputs'
-    expressions and the statements wrapping its outputs (Note [Generated recording code])."""
-    code = _PLAN_CODE.get((prelude, inputs, wrap))
+    loads: tuple[str, ...],
+    prelude: tuple[str, ...],
+    inputs: tuple[str, ...],
+    wrap: tuple[str, ...],
+    guard: tuple[str, ...] | None,
+) -> tuple[CodeType, CodeType, CodeType | None]:
+    """The code of a plan's `run`, `node` and, given its checks, `fast`: the statements reading
+    its lazy tensors' states, the statements before its node, its node inputs' expressions and
+    the statements wrapping its outputs (Notes [Generated recording code], [Guarded plans])."""
+    code = _PLAN_CODE.get((loads, prelude, inputs, wrap, guard))
     if code is None:
         build = node_code(
             "node",
@@ -438,22 +452,26 @@ def _plan_code(
                 "aten": "ATEN",
             },
         )
-        body = "".join(f"    {line}\n" for line in (*prelude, *build))
+
+        def block(lines: Any) -> str:
+            return "".join(f"    {line}\n" for line in lines)
+
+        body = block((*prelude, *build))
         source = (
-            f"def run(vals, items, states):\n{body}"
-            + "".join(f"    {line}\n" for line in wrap)
-            + f"\n\ndef node(vals, items, states):\n{body}    return node\n"
+            f"def run(vals, items, states):\n{block(loads)}{body}{block(wrap)}"
+            f"\n\ndef node(vals, items, states):\n{block(loads)}{body}    return node\n"
         )
+        if guard is not None:  # (the checks bind the states and `vals`)
+            source += f"\n\ndef fast(args, s0):\n{block(guard)}{body}{block(wrap)}"
         namespace = dict(_PLAN_GLOBALS)
-        code = (
-            _generate(source, "run", f"recording plan {len(_PLAN_CODE)}", namespace).__code__,
-            namespace.pop("node").__code__,
-        )
-        _PLAN_CODE[(prelude, inputs, wrap)] = code
+        run = _generate(source, "run", f"recording plan {len(_PLAN_CODE)}", namespace)
+        fast = namespace.pop("fast", None)
+        code = (run.__code__, namespace.pop("node").__code__, fast and fast.__code__)
+        _PLAN_CODE[(loads, prelude, inputs, wrap, guard)] = code
     return code
 
 
-_PLAN_CODE: dict[tuple, tuple[CodeType, CodeType]] = {}
+_PLAN_CODE: dict[tuple, tuple[CodeType, CodeType, CodeType | None]] = {}
 
 
 _PLAN_GLOBALS = {
@@ -461,9 +479,108 @@ _PLAN_GLOBALS = {
     "read": read,
     "_SCALAR": _SCALAR_OP,
     "_wrap_outputs": _wrap_outputs,
+    "_MISS": _MISS,
+    "_Tensor": torch.Tensor,
+    "_is_unit": _is_unit,
+    "scalar_class": scalar_class,
+    "_default_dtype": _default_dtype,
+    "_layout_key": _layout_key,
     **NODE_CODE_GLOBALS,
     **NEW_TENSOR_CODE_GLOBALS,
 }
+
+
+# Note [Guarded plans]
+# A plan hit computes the call's whole signature (a tuple of one component per argument), hashes
+# it and looks it up: about a third of a cheap op's recording. Most calls repeat a signature the
+# op saw before, so a plan also gets a guarded function, `fast(args, s0)`: the checks that the
+# call's signature equals the plan's, position by position, spelled out against the plan's
+# values (a lazy tensor's spec, and its layout when it is a view or not contiguous; a number's
+# class and whether it is lifted; a static's class and value; the default dtype), followed by
+# the plan's recording; it returns `_MISS` when a check fails. A kernel keeps these functions by
+# the spec of its first argument's state, tries those of the call's spec in order (at most
+# `_GUARDED_PER_SPEC`), and takes the keyed path on a miss. Each check is the key block's test
+# for that position (`_KEY_BLOCKS`) specialized to one outcome, so a call passes exactly when its
+# key equals the plan's. Plans whose call held a 0-d CPU tensor or a list of tensors or scalars
+# get no guarded function, nor do calls with keyword arguments or a number as first argument.
+_GUARDED_PER_SPEC = 8  # guarded plans kept per first-argument spec (a cheap miss each)
+
+
+def _guard(
+    kinds: tuple[int, ...], vals: Any, given: int, n_states: int
+) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """The checks of `fast` (Note [Guarded plans]) for calls like `vals`, whose first `given`
+    arguments were passed, and the constants they read; None if some argument is not covered."""
+    if not given or kinds[0] not in (TENSOR, OPT_TENSOR) or not isinstance(vals[0], torch.Tensor):
+        return None  # (the kernel finds the guarded plans by the first argument's state's spec)
+    lines = [f"if len(args) != {given}:", "    return _MISS"]
+    consts: dict[str, Any] = {"G_DEFAULT": _default_dtype()}
+    n_state = 0
+    for i, (k, v) in enumerate(zip(kinds, vals)):
+        t = type(v)
+        if isinstance(v, torch.Tensor):
+            s = getattr(v.untyped_storage(), "_lx", None)
+            if k not in (TENSOR, OPT_TENSOR) or s is None:
+                return None
+            st = f"s{n_state}"
+            if i:  # (the kernel found the first argument's state)
+                lines += [
+                    f"v = args[{i}]",
+                    "if not isinstance(v, _Tensor):",
+                    "    return _MISS",
+                    f"{st} = getattr(v.untyped_storage(), '_lx', None)",
+                    f"if {st} is None:",
+                    "    return _MISS",
+                ]
+            consts[f"G{i}"] = s.spec
+            if s.base is None and s.stride is None:  # a contiguous base: its spec (the common case)
+                test = f"{st}.base is not None or {st}.stride is not None or {st}.spec != G{i}"
+            else:  # `_layout_key`: a view's strides, a base's storage order
+                consts[f"L{i}"] = _layout_key(s, v)
+                test = f"_layout_key({st}, {'args[0]' if i == 0 else 'v'}) != L{i}"
+            lines += [f"if {test}:", "    return _MISS"]
+            n_state += 1
+            continue
+        if i >= given:  # a default: the signature's component is the plan's
+            continue
+        if k not in (TENSOR, OPT_TENSOR, SCALAR, STATIC):
+            return None
+        consts[f"G{i}"] = v
+        consts[f"T{i}"] = t
+        if v is None or t is bool:
+            lines += [f"if args[{i}] is not G{i}:", "    return _MISS"]
+        elif k != STATIC and (t is float or t is int):
+            if v != 0 and v != 1 or not _is_unit(v):  # lifted: the class (and Scalar's kind)
+                test = f"type(v) is not T{i} or not (v != 0 and v != 1 or not _is_unit(v))"
+                if k == SCALAR:
+                    consts[f"C{i}"] = scalar_class(v)
+                    test += f" or scalar_class(v) != C{i}"
+            else:  # baked
+                test = f"type(v) is not T{i} or v != G{i} or not _is_unit(v)"
+            lines += [f"v = args[{i}]", f"if {test}:", "    return _MISS"]
+        elif k == STATIC and (t is int or t in _EXACT_STATICS or t is float and v != 0 and v == v):
+            lines += [f"v = args[{i}]", f"if type(v) is not T{i} or v != G{i}:", "    return _MISS"]
+        elif k == STATIC and (t is list or t is tuple) and v:
+            e = type(v[0])
+            if e not in (int, bool) or not all([type(x) is e for x in v]):
+                return None
+            consts[f"E{i}"] = e
+            lines += [
+                f"v = args[{i}]",
+                f"if type(v) is not T{i} or v != G{i} or not all([type(x) is E{i} for x in v]):",
+                "    return _MISS",
+            ]
+        else:
+            return None
+    if n_state != n_states:
+        return None
+    lines += ["if _default_dtype() is not G_DEFAULT:", "    return _MISS"]
+    if given < len(kinds):  # the plan's code reads `vals`: the arguments with their defaults
+        consts["G_TAIL"] = tuple(vals[given:])
+        lines.append("vals = args + G_TAIL")
+    else:
+        lines.append("vals = args")
+    return tuple(lines), consts
 
 
 class _NoPlan(Exception):
@@ -497,12 +614,30 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     nargs = len(specs)
     defaults = tuple(s.default for s in specs)
     counters = metrics._counters
+    guarded: dict[TensorSpec, list[Callable[..., Any]]] = {}  # Note [Guarded plans]
+
+    def guard(plan: _Plan, s0: Any) -> None:
+        """Keep `plan`'s guarded function under its first argument's spec."""
+        fns = guarded.setdefault(s0.spec, [])
+        if plan.fast not in fns and len(fns) < _GUARDED_PER_SPEC:
+            fns.append(plan.fast)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         t0 = _now()
         counters[counter] = counters.get(counter, 0) + 1
         if check is not None:  # (var/std: they bind twice)
             check(op, bind(specs, args, kwargs))
+        if guarded and not kwargs and not FLAGS.ir_debug:  # Note [Guarded plans]
+            a = args[0]
+            if isinstance(a, torch.Tensor):
+                s0 = getattr(a.untyped_storage(), "_lx", None)
+                if s0 is not None:
+                    for fast in guarded.get(s0.spec, ()):
+                        out = fast(args, s0)
+                        if out is not _MISS:
+                            _tracing[0] += _now() - t0  # `_trace`, inlined
+                            _tracing[1] += 1
+                            return out
         key = None
         vals: Any = None
         if planned and not FLAGS.ir_debug:
@@ -522,6 +657,8 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                     check_device(vals[i])
                 plan = plans.get(key)
                 if plan is not None:
+                    if plan.fast is not None and full:
+                        guard(plan, states[0])
                     out = plan.run(vals, items, states)
                     _tracing[0] += _now() - t0  # `_trace`, inlined
                     _tracing[1] += 1
@@ -544,7 +681,10 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
         node, out = record(name, lw, specs, vals, out_struct, strides, dtype_arg, aten)
         if key is not None and key not in plans:
             try:
-                plans[key] = _Plan(node, kinds, vals, out_struct, strides, stores)
+                given = None if kwargs else len(args)
+                plan = plans[key] = _Plan(node, kinds, vals, out_struct, strides, stores, given)
+                if plan.fast is not None:
+                    guard(plan, state(vals[0]))
             except _NoPlan:
                 plans[key] = None
         _trace(t0)
