@@ -526,3 +526,53 @@ def test_guarded_plans_replay_only_their_own_signature():
             torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6, msg=f"{dtype} case {k}")
             assert torch.equal(torch.signbit(o), torch.signbit(r)), (dtype, k)
     assert ran[0] > len(ref)  # the later rounds go through the guarded functions
+
+
+def _view_cases(x: torch.Tensor) -> list[torch.Tensor]:
+    """View calls that each differ from the one before in one argument or in the input's
+    strides (same input spec): a guarded view plan that let one through would give the other's
+    layout, offset or values."""
+    y = x.t()  # the same spec as x, other strides
+    return [
+        x.select(0, 3),
+        x.select(0, 2),  # another index: another storage offset
+        x.select(1, 2),  # another dim
+        y.select(0, 2),  # another input layout
+        x.transpose(0, 1),
+        y.transpose(0, 1),
+        x[1:3],
+        x[1:4],
+        x[:, 1:3],
+        y[1:3],
+        x[::2],
+        x.view(16),
+        x.view(2, 8),
+        x.view(torch.int32),
+        x.unsqueeze(0),
+        x.unsqueeze(-1),
+        x.expand(2, 4, 4),
+        x.expand(3, 4, 4),
+        x.diagonal(),
+        x.diagonal(1),
+        y.diagonal(1),
+    ]
+
+
+def test_guarded_view_plans_replay_only_their_own_signature():
+    """Each view call follows a call of another signature of the same op on an input of the same
+    spec: it must still get eager's shape, strides, storage offset and values, also once its
+    plans are guarded (the second round)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 4)
+    ref = _view_cases(x)
+    xd = x.to(DEV)
+    for _ in range(2):
+        out = _view_cases(xd)
+        for k, (r, o) in enumerate(zip(ref, out, strict=True)):
+            assert (o.shape, o.stride(), o.storage_offset(), o.dtype) == (
+                r.shape,
+                r.stride(),
+                r.storage_offset(),
+                r.dtype,
+            ), k
+            assert torch.equal(o.cpu(), r), k
