@@ -606,13 +606,17 @@ def new_view(
     offset: int = 0,
     root: LazyState | None = None,
     overlap: bool | None = None,
+    ps: LazyState | None = None,
+    layout: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """A lazy tensor viewing `parent` through `op`; writes to it reach the parent's base.
 
     `stride`/`offset`: eager's layout for the view (None/0: contiguous at the storage start);
     `root`: `op` reads the root base itself (as_strided), not `parent`; `overlap`: whether the
-    layout's elements share locations, if known (`overlaps`)."""
-    ps = state(parent)
+    layout's elements share locations, if known (`overlaps`); `ps`: the parent's state, if known;
+    `layout`: the view's strides spelled out (`stride`, or the contiguous ones), if known."""
+    if ps is None:
+        ps = state(parent)
     base = ps.base or ps
     value = op.apply(read(root or ps))
     t = _create_empty(spec.shape, spec.dtype)
@@ -620,7 +624,9 @@ def new_view(
     st = t.untyped_storage()
     st._swap_data_ptr_(_storage_at(pst.data_ptr(), _DEVICE, pst.nbytes()))
     if stride is not None or offset or 0 in spec.shape:
-        _set_layout(_META, t, spec.shape, stride or contiguous_strides(spec.shape), offset)
+        _set_layout(
+            _META, t, spec.shape, layout or stride or contiguous_strides(spec.shape), offset
+        )
     s = LazyState(value, spec, None)
     if overlap is None:
         overlap = stride is not None and overlaps(spec.shape, stride)

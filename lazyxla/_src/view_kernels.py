@@ -15,7 +15,7 @@ from .dispatch import _counter_name, _op_name, emit
 from .ir import Node, Ref, TensorSpec, node_with_desc
 from .meta import ArgSpec, _meta_call, _noncontiguous, _sig, bind
 from .ops.registry import Lowering
-from .tensor import ViewOp, new_view, overlaps, state, storage_nbytes
+from .tensor import ViewOp, contiguous_strides, new_view, overlaps, state, storage_nbytes
 
 _VIEW_LAYOUTS: dict[tuple, tuple[TensorSpec, tuple[int, ...] | None, int]] = {}
 _GUARDED_PER_SPEC = 8  # guarded view plans kept per input spec (a cheap miss each)
@@ -131,7 +131,7 @@ def view_kernel(
 
     def make(
         x: torch.Tensor, vals: list[Any] | tuple
-    ) -> tuple[ViewOp, TensorSpec, tuple[int, ...] | None, int, bool]:
+    ) -> tuple[ViewOp, TensorSpec, tuple[int, ...] | None, int, bool, tuple[int, ...]]:
         out_spec, stride, delta = view_layout(op, specs, vals)
         runtime.check_dtype(out_spec.dtype, f"aten::{name.split('::')[-1]}")  # complex32 views
         statics = tuple(tuple(v) if isinstance(v, list) else v for v in vals[1:])
@@ -160,7 +160,8 @@ def view_kernel(
                 )
 
         overlap = stride is not None and overlaps(out_spec.shape, stride)
-        return ViewOp(name, apply, do_scatter), out_spec, stride, delta, overlap
+        layout = stride or contiguous_strides(out_spec.shape)
+        return ViewOp(name, apply, do_scatter), out_spec, stride, delta, overlap, layout
 
     # Note [Guarded plans] in recording.py, for views: by the input's spec, each plan with the
     # input strides and the arguments after it that its call had (a schema types each of them,
@@ -169,17 +170,21 @@ def view_kernel(
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         counters[counter] = counters.get(counter, 0) + 1
-        plan = None
+        plan = s = None
         if not kwargs:
-            s = getattr(args[0].untyped_storage(), "_lx", None)
+            x = args[0]
+            s = getattr(x.untyped_storage(), "_lx", None)
             if s is not None:
-                for in_stride, rest, p in guarded.get(s.spec, ()):
-                    if rest == args[1:] and in_stride == args[0].stride():
-                        plan = p
-                        break
-        x = args[0]
+                fns = guarded.get(s.spec)
+                if fns:
+                    rest, x_stride = args[1:], x.stride()
+                    for in_stride, r, p in fns:
+                        if r == rest and in_stride == x_stride:
+                            plan = p
+                            break
         if plan is None:
             vals = args if not kwargs and len(args) == nargs else bind(specs, args, kwargs)
+            x = vals[0]
             key = _view_key(x, vals[1:])
             plan = plans.get(key) if key is not None else None
             if plan is None:
@@ -191,11 +196,13 @@ def view_kernel(
                 fns = guarded.setdefault(s.spec, []) if s is not None else None
                 if fns is not None and len(fns) < _GUARDED_PER_SPEC:
                     fns.append((x.stride(), args[1:], plan))
-        view_op, out_spec, stride, delta, overlap = plan
+        view_op, out_spec, stride, delta, overlap, layout = plan
         offset = x.storage_offset()
         if out_spec.dtype.itemsize != x.dtype.itemsize:  # view(dtype), view_as_real/complex
             offset = offset * x.dtype.itemsize // out_spec.dtype.itemsize
-        return new_view(x, view_op, out_spec, stride, offset + delta, overlap=overlap)
+        return new_view(
+            x, view_op, out_spec, stride, offset + delta, overlap=overlap, ps=s, layout=layout
+        )
 
     return kernel
 
