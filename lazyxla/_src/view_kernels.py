@@ -191,10 +191,9 @@ def view_kernel(
                 plan = make(x, vals)
                 if key is not None:
                     plans[key] = plan
-            if key is not None and not kwargs:
-                s = getattr(x.untyped_storage(), "_lx", None)
-                fns = guarded.setdefault(s.spec, []) if s is not None else None
-                if fns is not None and len(fns) < _GUARDED_PER_SPEC:
+            if key is not None and s is not None:  # (`s`: read above when no kwargs)
+                fns = guarded.setdefault(s.spec, [])
+                if len(fns) < _GUARDED_PER_SPEC:
                     fns.append((x.stride(), args[1:], plan))
         view_op, out_spec, stride, delta, overlap, layout = plan
         offset = x.storage_offset()
