@@ -301,6 +301,9 @@ def scalar_class(v: int | float) -> Any:
 # of integers or bools) are probed too (`_DTYPE_PROBED`), on zeros of the real shapes, since
 # their static arguments (topk's k) need not be valid on one-element tensors; past 4096 elements
 # on one-element tensors, for eager's NotImplementedError ("not implemented for 'Int'") alone.
+# Matrix products (`_PRODUCTS`) are probed on one-element tensors (1x1 matrices multiply): their
+# meta kernels accept operands of two dtypes (`mm(f32, f64)` gave a float32 result), eager's refuse
+# them ("expected m1 and m2 to have the same dtype").
 _UNPROBED_DTYPES = frozenset(
     (torch.uint16, torch.uint32, torch.uint64, torch.complex32)
     + tuple(getattr(torch, n) for n in dir(torch) if n.startswith("float8_"))
@@ -650,6 +653,8 @@ def infer_layout(
         _eager_probe(op, specs, vals)
     elif op in _DTYPE_PROBED:
         _eager_probe(op, specs, vals, shaped=True)
+    elif op in _PRODUCTS:  # their meta kernels take operands of two dtypes: eager refuses them
+        _eager_probe(op, specs, vals)
     try:
         meta = _meta_call(op, specs, vals)
         out = _cpu_specs(op, vals, _meta_specs(meta))

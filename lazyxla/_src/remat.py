@@ -136,6 +136,18 @@ def barrier(args: Sequence[Any]) -> list[Any]:
 
 
 _TorchCheckpointFunction = tuc.CheckpointFunction
+# Above zero while a checkpointed function is recomputed: its ops record as eager decomposes them
+# (Note [Linear kept whole]).
+recomputing = [0]
+
+
+@contextlib.contextmanager
+def _recomputation() -> Any:
+    recomputing[0] += 1
+    try:
+        yield
+    finally:
+        recomputing[0] -= 1
 
 
 class CheckpointFunction(_TorchCheckpointFunction):
@@ -151,6 +163,8 @@ class CheckpointFunction(_TorchCheckpointFunction):
             elif isinstance(fn, torch.nn.Module):
                 extra = [*fn.parameters(), *fn.buffers()]
             barrier_([*ctx.saved_tensors, *grads, *extra])
+            with _recomputation():
+                return _TorchCheckpointFunction.backward(ctx, *grads)
         return _TorchCheckpointFunction.backward(ctx, *grads)
 
 
@@ -160,7 +174,8 @@ def _recompute_behind_barrier(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return fn(*barrier(args), **kwargs)
+        with _recomputation():
+            return fn(*barrier(args), **kwargs)
 
     return run
 
