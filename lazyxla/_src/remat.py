@@ -137,7 +137,7 @@ def barrier(args: Sequence[Any]) -> list[Any]:
 
 _TorchCheckpointFunction = tuc.CheckpointFunction
 # Above zero while a checkpointed function is recomputed: its ops record as eager decomposes them
-# (Note [Linear kept whole]).
+# (Note [Products kept whole]).
 recomputing = [0]
 
 

@@ -750,7 +750,7 @@ def weight_norm_interface_backward(grad_w, v, g, norms, dim):
 # and torch.utils.checkpoint on lazy tensors (Note [Checkpointing]): both register on import.
 from .. import attention as _attention  # noqa: E402,F401
 from .. import einsum as _einsum  # noqa: E402,F401  (Note [Einsum kept whole])
-from .. import linear as _linear  # noqa: E402,F401  (Note [Linear kept whole])
+from .. import products as _products  # noqa: E402,F401  (Note [Products kept whole])
 from .. import remat as _remat  # noqa: E402,F401
 from . import (  # noqa: E402,F401
     activations,
