@@ -21,9 +21,21 @@ def _ops() -> dict[str, int]:
     return {k: met.counter_value(k) for k in met.counter_names() if k.startswith("xla::")}
 
 
+def _ints(*shape, dtype=torch.float32):
+    """Small integers: their products and sums are exact in any float dtype, so a comparison
+    with eager can be exact whatever order either side accumulates in (any CPU)."""
+    return torch.randint(-2, 3, shape).to(dtype)
+
+
+def _loss(out):
+    """A loss whose gradient is fixed small integers (exact in every dtype)."""
+    c = torch.randint(-2, 3, out.shape, generator=torch.Generator().manual_seed(0))
+    return (out.double() * c.to(out.device, torch.float64)).sum()
+
+
 def _run(x, w, b, grads=(True, True, True), make=lambda t: t):
-    """linear + a nonlinear loss + backward on CPU (float64) and on lazyxla; returns both
-    (output, grads) and the ops lazyxla recorded for the lazy call."""
+    """linear + a loss + backward on CPU and on lazyxla; returns both (output, grads) and the
+    ops lazyxla recorded for the lazy call."""
     leaves, lazy = [], []
     for t, g in zip((x, w, b), grads):
         # the same leaves on both sides: `make` (a transposed view, say) applied before
@@ -32,10 +44,10 @@ def _run(x, w, b, grads=(True, True, True), make=lambda t: t):
         lazy.append(None if t is None else make(t.detach().to(dev)).requires_grad_(g))
     cpu = leaves
     ref = F.linear(*cpu)
-    ref.sin().sum().backward()
+    _loss(ref).backward()
     met.clear_counters()
     out = F.linear(*lazy)
-    out.sin().sum().backward()
+    _loss(out).backward()
     ops = _ops()
     lazyxla.sync()
     return out, lazy, ref, leaves, ops
@@ -73,7 +85,7 @@ def test_one_op_each_way_with_eager_values_gradients_and_layouts(case):
 @pytest.mark.parametrize("grads", [(True, False, False), (False, True, True), (False, True, False)])
 def test_only_the_gradients_asked_for(grads):
     torch.manual_seed(1)
-    x, w, b = torch.randn(3, 4, 16), torch.randn(8, 16), torch.randn(8)
+    x, w, b = (torch.randn(s, dtype=torch.float64) for s in ((3, 4, 16), (8, 16), (8,)))
     out, lazy, ref, leaves, ops = _run(x, w, b, grads)
     assert ops.get("xla::linear_backward") == 1
     for lz, cpu in zip(lazy, leaves):
@@ -101,29 +113,28 @@ def test_transposed_operands_and_a_strided_input_without_bias():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_low_precision_rounds_once_like_eager(dtype):
+def test_low_precision_equals_eager(dtype):
     torch.manual_seed(3)
-    x, w, b = (torch.randn(s).to(dtype) for s in ((4, 6, 32), (8, 32), (8,)))
+    x, w, b = _ints(4, 6, 32, dtype=dtype), _ints(8, 32, dtype=dtype), _ints(8, dtype=dtype)
     out, lazy, ref, leaves, ops = _run(x, w, b)
-    assert ops.get("xla::linear") == 1
-    torch.testing.assert_close(out.cpu(), ref)
-    assert out.dtype == dtype
+    assert ops.get("xla::linear") == 1 and ops.get("xla::linear_backward") == 1
+    assert out.dtype == dtype and torch.equal(out.cpu(), ref)
     for lz, cpu in zip(lazy, leaves):
-        torch.testing.assert_close(lz.grad.cpu(), cpu.grad)
+        assert lz.grad.dtype == dtype and torch.equal(lz.grad.cpu(), cpu.grad)
 
 
 def test_eager_paths_that_round_twice_or_differ_keep_the_decomposition():
     torch.manual_seed(4)
     # a bias beside a non-contiguous N-d input: eager computes matmul, then add_ (two roundings)
-    x = torch.randn(8, 3, 16, dtype=torch.bfloat16).transpose(0, 1)
-    w, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
+    x = _ints(8, 3, 16, dtype=torch.bfloat16).transpose(0, 1)
+    w, b = _ints(4, 16, dtype=torch.bfloat16), _ints(4, dtype=torch.bfloat16)
     out, lazy, ref, leaves, ops = _run(x, w, b)
     assert "xla::linear" not in ops and "xla::linear_backward" not in ops
-    torch.testing.assert_close(out.cpu(), ref)
+    assert torch.equal(out.cpu(), ref)
     # a 1-D input, a bias to broadcast, integers
     for args in (
-        (torch.randn(16), torch.randn(4, 16), None),
-        (torch.randn(3, 16), torch.randn(4, 16), torch.randn(3, 4)),
+        (torch.randn(16, dtype=torch.float64), torch.randn(4, 16, dtype=torch.float64), None),
+        tuple(torch.randn(s, dtype=torch.float64) for s in ((3, 16), (4, 16), (3, 4))),
         (torch.arange(12).reshape(3, 4), torch.arange(8).reshape(2, 4), None),
     ):
         met.clear_counters()
@@ -136,6 +147,7 @@ PRODUCTS = {
     "linear": F.linear,
     "mm": lambda a, b: torch.mm(a, b.t()),
     "matmul": lambda a, b: a @ b.t(),
+    "batched matmul": lambda a, b: a[None] @ b.t()[None],
     "addmm": lambda a, b: torch.addmm(b[0], a, b.t()),
     "bmm": lambda a, b: torch.bmm(a[None], b.t()[None]),
     "mv": lambda a, b: torch.mv(a, b[0]),
@@ -275,11 +287,11 @@ def test_checkpointing_and_saved_tensor_hooks_see_eagers_ops(how):
     # they decide per saved tensor (mm's operands), and XLA's scheduler needs the decomposed
     # backward to free a checkpointed region's activations (tests/test_checkpointing.py)
     torch.manual_seed(9)
-    lin = torch.nn.Linear(16, 8)
-    x = torch.randn(3, 4, 16)
+    lin = torch.nn.Linear(16, 8, dtype=torch.float64)
+    x = torch.randn(3, 4, 16, dtype=torch.float64)
     grads = []
     for d in ("cpu", dev):
-        m = torch.nn.Linear(16, 8).to(d)
+        m = torch.nn.Linear(16, 8, dtype=torch.float64).to(d)
         m.load_state_dict(lin.state_dict())
         xs = x.detach().to(d).requires_grad_()
         met.clear_counters()
@@ -292,7 +304,7 @@ def test_checkpointing_and_saved_tensor_hooks_see_eagers_ops(how):
         grads.append([t.cpu() for t in (xs.grad, m.weight.grad, m.bias.grad)])
     assert "xla::linear_backward" not in _ops() and "xla::mm" in _ops()
     for lz, cpu in zip(grads[1], grads[0]):
-        torch.testing.assert_close(lz, cpu)
+        torch.testing.assert_close(lz, cpu, rtol=1e-12, atol=1e-12)
 
 
 MATMULS = {
@@ -304,7 +316,10 @@ MATMULS = {
 
 def _operands(sa, sb, how, dtype, device):
     torch.manual_seed(10)
-    a, b = torch.randn(sa).to(dtype), torch.randn(sb).to(dtype)
+    if dtype == torch.float64:
+        a, b = torch.randn(sa, dtype=dtype), torch.randn(sb, dtype=dtype)
+    else:
+        a, b = _ints(*sa, dtype=dtype), _ints(*sb, dtype=dtype)
     a, b = a.to(device).requires_grad_(), b.to(device).requires_grad_()
     if how in ("b^T", "both"):
         b_used = b.transpose(-1, -2)
@@ -323,13 +338,13 @@ def test_matmul_one_op_each_way_with_eager_values_gradients_and_layouts(case, dt
         leaves, (a, b) = _operands(sa, sb, how, dtype, d)
         met.clear_counters()
         out = a @ b
-        out.double().sin().sum().backward()
+        _loss(out).backward()
         if d == dev:
             ops = _ops()
             assert ops.get("xla::matmul") == 1 and ops.get("xla::matmul_backward") == 1
             assert not {"xla::bmm", "xla::mm", "xla::clone", "xla::_unsafe_view"} & set(ops)
         results.append((out, *(t.grad for t in leaves)))
-    tol = {} if dtype == torch.bfloat16 else {"rtol": 1e-12, "atol": 1e-12}
+    tol = {"rtol": 0, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-12, "atol": 1e-12}
     for lz, cpu in zip(results[1], results[0]):
         torch.testing.assert_close(lz.cpu(), cpu.detach(), **tol)
         assert lz.stride() == cpu.stride() and lz.dtype == cpu.dtype
