@@ -9,6 +9,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from util import to_cpu
 
 import lazyxla
 import lazyxla.debug.metrics as met
@@ -244,13 +245,7 @@ def test_functorch_transforms_and_forward_ad_equal_eager():
             dual = F.linear(fwAD.make_dual(args[0], tx.to(d)), args[1], args[2])
             out.append(fwAD.unpack_dual(dual).tangent)
     for g, r in zip(got, ref):
-        torch.testing.assert_close(lazyxla_cpu(g), r, rtol=1e-12, atol=1e-12)
-
-
-def lazyxla_cpu(t):
-    if isinstance(t, (tuple, list)):
-        return type(t)(lazyxla_cpu(e) for e in t)
-    return t.cpu()
+        torch.testing.assert_close(to_cpu(g), r, rtol=1e-12, atol=1e-12)
 
 
 def test_one_dot_keeping_the_batch_dims():

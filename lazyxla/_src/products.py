@@ -47,9 +47,9 @@ import torch
 from jax import lax
 
 from . import remat
-from .ops.linalg import add_scaled, matmul_opmath
+from .ops.linalg import _LOW, add_scaled, matmul_opmath
 from .ops.nn import _present
-from .ops.registry import lowering
+from .ops.registry import lowering, to_opmath
 
 aten = torch.ops.aten
 _FLOATING = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -81,15 +81,14 @@ def linear_backward_rule(x, grad, w, output_mask):
     # if either is (XLA removes what is never read).
     batch = tuple(range(grad.ndim - 1))
     grad_x = matmul_opmath(grad, w)
-    low = grad.dtype in (jnp.bfloat16, jnp.float16)
-    grad_w = lax.dot_general(
+    grad_w = lax.dot_general(  # (matmul_opmath's precision, without flattening the batch dims)
         grad,
         x,
         ((batch, batch), ((), ())),
         precision=lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32 if low else None,
+        preferred_element_type=jnp.float32 if grad.dtype in _LOW else None,
     )
-    grad_b = jnp.sum(grad.astype(jnp.float32) if low else grad, axis=batch)
+    grad_b = jnp.sum(to_opmath(grad), axis=batch)
     wb = output_mask[1] or output_mask[2]
     return _present(grad_x if output_mask[0] else None, *((grad_w, grad_b) if wb else ()))
 

@@ -136,8 +136,9 @@ def barrier(args: Sequence[Any]) -> list[Any]:
 
 
 _TorchCheckpointFunction = tuc.CheckpointFunction
-# Above zero while a checkpointed function is recomputed: its ops record as eager decomposes them
-# (Note [Products kept whole]).
+# Above zero while the reentrant checkpoint recomputes its function: its ops record as eager
+# decomposes them (Note [Products kept whole]). (The non-reentrant one recomputes under its
+# saved-tensor hooks, which the product kernels already see.)
 recomputing = [0]
 
 
@@ -174,8 +175,7 @@ def _recompute_behind_barrier(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with _recomputation():
-            return fn(*barrier(args), **kwargs)
+        return fn(*barrier(args), **kwargs)
 
     return run
 
