@@ -125,10 +125,11 @@ def _join() -> None:
         f"process count, and is each id in [0, {count}) used once? (LAZYXLA_INIT_TIMEOUT sets "
         "the wait)"
     )
-    # JAX ends the process from C++ when the wait times out, so the message is printed first.
-    warn = threading.Timer(max(1.0, init_timeout - 1.5), _print_error, (message,))
-    warn.daemon = True
-    warn.start()
+    # JAX ends the process from C++ when the wait times out, so the message is printed first;
+    # and should the wait outlive its deadline (seen once, on a loaded CI machine, where the
+    # join hung past 180 s), the watchdog ends the process itself.
+    joined = threading.Event()
+    threading.Thread(target=_watch_join, args=(joined, init_timeout, message), daemon=True).start()
     try:
         jax.distributed.initialize(
             coordinator,
@@ -140,8 +141,21 @@ def _join() -> None:
     except Exception as e:  # JAX raises XlaRuntimeError / RuntimeError with gRPC detail
         raise DistributedError(f"{message} ({str(e).splitlines()[0]})") from None
     finally:
-        warn.cancel()
+        joined.set()
     _state.update(count=count, index=pid)
+
+
+_JOIN_GRACE_S = 20.0  # past the join's deadline, before the watchdog ends a hung process
+
+
+def _watch_join(joined: threading.Event, timeout: float, message: str) -> None:
+    if joined.wait(max(1.0, timeout - 1.5)):
+        return
+    _print_error(message)
+    if joined.wait(1.5 + _JOIN_GRACE_S):
+        return
+    _print_error(f"the join is still waiting {_JOIN_GRACE_S:.0f} s past its deadline; exiting")
+    os._exit(1)
 
 
 def _print_error(message: str) -> None:

@@ -50,6 +50,29 @@ def test_a_missing_process_is_a_clear_error_at_start():
         assert "do all 3 processes agree on the process count" in err
 
 
+_HUNG_JOIN = """
+import time, jax
+import lazyxla._src.distributed as d
+jax.distributed.initialize = lambda *a, **k: time.sleep(600)  # a join that never returns
+d._JOIN_GRACE_S = 1.0
+d.ensure_initialized()
+"""
+
+
+def test_a_join_that_hangs_past_its_deadline_ends_the_process():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(LAZYXLA_COORDINATOR="localhost:1", LAZYXLA_NUM_PROCESSES="2")
+    env.update(LAZYXLA_PROCESS_ID="1", LAZYXLA_INIT_TIMEOUT="2")
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", _HUNG_JOIN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "process 1 of 2 could not join the coordinator" in p.stderr
+    assert "still waiting 1 s past its deadline; exiting" in p.stderr
+    assert time.monotonic() - t0 < 60
+
+
 def test_a_coordinator_port_in_use_is_a_clear_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
