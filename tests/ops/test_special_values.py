@@ -370,3 +370,26 @@ def test_unary_functions_at_extremes_like_eager(name, dtype):
     if name == "softshrink":  # eager's zero is -0.0 in its scalar loop, +0.0 in its vector one
         expected, got = expected + 0.0, got + 0.0
     assert _same(expected, got), (name, x, expected, got)
+
+
+_OUT_OF_RANGE = [NAN, INF, -INF, 1e10, -1e10, 1e19, -1e19, 2.0**31, -(2.0**31), 2.0**31 + 7]
+_OUT_OF_RANGE += [-(2.0**31) - 1, -(2.0**31) - 0.5, 2.0**63, -(2.0**63), 4294967301.0, 2.0**40]
+_OUT_OF_RANGE += [300.0, -3.7, 255.9, 256.0, -0.5, -0.0, 65541.0, -65541.0, 127.9, -128.9]
+_INT_TARGETS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_float_to_int_conversions_like_eager(src):
+    """Note [Float to integer conversion]: NaN, infinities and values beyond the target's range
+    convert as eager's (x86's indefinite integer, then the low bits), where XLA saturates; in
+    a short and a vectorized length, through `.to`, `copy_` and `type_as`."""
+    values = torch.tensor(_OUT_OF_RANGE, dtype=torch.float64).to(src)
+    for n in (1, 17):
+        x = values.repeat(n)
+        xd = x.to(DEV)
+        for dt in _INT_TARGETS:
+            expected = x.to(dt)
+            assert torch.equal(xd.to(dt).cpu(), expected), (src, dt, n)
+            into = torch.zeros(x.shape, dtype=dt, device=DEV).copy_(xd)
+            assert torch.equal(into.cpu(), expected), (src, dt, n, "copy_")
+            assert torch.equal(xd.type_as(into).cpu(), expected), (src, dt, n, "type_as")

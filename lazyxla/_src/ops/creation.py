@@ -16,7 +16,43 @@ aten = torch.ops.aten
 
 
 def convert_rule(x: Any, dtype: torch.dtype) -> Any:
-    return bool_to(x, jnp_dtype(dtype))
+    dt = jnp_dtype(dtype)
+    via = _FLOAT_TO_INT_VIA.get(dt)
+    if via is not None and jnp.issubdtype(x.dtype, jnp.floating):
+        return _float_to_int(x, dt, via)
+    return bool_to(x, dt)
+
+
+# Note [Float to integer conversion]
+# C++ leaves a float -> int cast of a value out of the integer's range (or NaN) undefined; eager
+# on x86 computes it with the CPU's truncating conversion, whose out-of-range result is the
+# "integer indefinite" value (INT_MIN of 32 or 64 bits), then keeps the low bits for a narrower
+# type: int8/int16/int32 go through 32 bits (300.0 -> int8 44, 1e10 -> int32 -2147483648, NaN ->
+# 0 as int16), uint8 through 64 bits (-3.7 -> 253, 256.0 -> 0), int64 directly. The same holds
+# for every size (vectorized or not) and every x86 CPU. XLA's conversion saturates instead (1e10
+# -> 2147483647, -3.7 -> uint8 0, NaN -> 0), which would silently differ from eager in programs
+# such as `(x * 255).to(torch.uint8)`, so a float -> int conversion is lowered as eager's: in-range
+# values truncate (the same in both), the others become the indefinite value, then wrap.
+_FLOAT_TO_INT_VIA = {
+    jnp.dtype(jnp.int8): jnp.dtype(jnp.int32),
+    jnp.dtype(jnp.int16): jnp.dtype(jnp.int32),
+    jnp.dtype(jnp.int32): jnp.dtype(jnp.int32),
+    jnp.dtype(jnp.uint8): jnp.dtype(jnp.int64),
+    jnp.dtype(jnp.int64): jnp.dtype(jnp.int64),
+}
+
+
+def _float_to_int(x: Any, dt: Any, via: Any) -> Any:
+    """Eager's x86 float -> int conversion; see Note [Float to integer conversion]."""
+    if x.dtype not in (jnp.float32, jnp.float64):
+        x = x.astype(jnp.float32)  # (exact for every 16-bit float)
+    bits = jnp.iinfo(via).bits - 1
+    # In range: -2**bits <= x < 2**bits (NaN compares false). What lies between -2**bits - 1 and
+    # -2**bits truncates to -2**bits, the indefinite value itself.
+    fits = (x >= -(2.0**bits)) & (x < 2.0**bits)
+    i = jnp.where(fits, x, 0).astype(via)
+    i = jnp.where(fits, i, jnp.iinfo(via).min)
+    return i if via == dt else i.astype(dt)
 
 
 def expand_rule(x: Any, size: tuple[int, ...], implicit: bool = False) -> Any:
