@@ -249,3 +249,42 @@ def test_gather_with_an_empty_index_of_another_rank():
         i = torch.zeros(shape, dtype=torch.int64)
         out = torch.gather(x.to(DEV), 0, i.to(DEV)).cpu()
         assert out.shape == torch.gather(x, 0, i).shape
+
+
+SLICE_GRADS = {
+    "step_remainder": lambda x: x[:, 1:6:3],
+    "end_past_size": lambda x: x[..., 2:100],
+    "negative_bounds": lambda x: x[-2:, -5:-1],
+    "empty": lambda x: x[:, 4:4],
+    "select_negative": lambda x: x[:, -1],
+    "select_first_dim": lambda x: x[0],
+    "narrow_last": lambda x: x.narrow(-1, 3, 4),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("name", list(SLICE_GRADS))
+def test_slice_and_select_gradients_are_one_op(name, dtype):
+    """Note [Slice and select backward]: a slice's or a select's gradient is one recorded op
+    (not zeros, a view and copy_), equal to eager's, the signs of zero included; and
+    differentiable again (double backward)."""
+    from lazyxla.debug import metrics as met
+
+    fn = SLICE_GRADS[name]
+    x = torch.arange(-20.0, 28.0).reshape(6, 8).to(dtype) / 4
+    g = torch.Generator().manual_seed(0)
+    cot = torch.randn(fn(x).shape, generator=g).to(dtype)
+    cot[..., :1] = -0.0
+    met.clear_counters()
+    grads = []
+    for dev in ("cpu", DEV):
+        xs, cs = x.to(dev).requires_grad_(), cot.to(dev).requires_grad_()
+        (gx,) = torch.autograd.grad(fn(xs), xs, cs, create_graph=True)
+        (gc,) = torch.autograd.grad((gx * x.to(dev)).sum(), cs)  # through the backward op
+        grads.append((gx.detach().cpu(), gc.cpu()))
+    (g_eager, gc_eager), (g_lazy, gc_lazy) = grads
+    assert torch.equal(g_lazy, g_eager) and torch.equal(g_lazy.signbit(), g_eager.signbit())
+    assert torch.equal(gc_lazy, gc_eager)
+    ops = {k for k in met.counter_names() if k.startswith("xla::")}
+    assert ops & {"xla::slice_backward", "xla::select_backward"}
+    assert not ops & {"xla::zeros", "xla::copy_", "xla::new_zeros"}, ops

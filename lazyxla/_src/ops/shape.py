@@ -449,6 +449,34 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return _slice_scatter(x, src, dim, start, end, step)
 
 
+# Note [Slice and select backward]
+# Autograd's gradient of a slice or a select (`x[..., :h]`, `x[0]`: rotary embeddings, stacked
+# heads) is `slice_backward` / `select_backward`, which eager composes as `zeros` then a `copy_`
+# into a view of them: three recorded ops and a view each. Lowered here as one op, the gradient
+# padded with zeros (`lax.pad`, its interior padding for a step): the same values, one node.
+
+
+@lowering(aten.slice_backward.default)
+def slice_backward(grad, input_sizes, dim, start, end, step):
+    dim = _norm_dim(dim, len(input_sizes))
+    s, _ = _slice_bounds(input_sizes[dim], start, end)
+    n = grad.shape[dim]
+    if n == 0:
+        return jnp.zeros(input_sizes, grad.dtype)
+    pads = [(0, 0, 0)] * grad.ndim
+    pads[dim] = (s, input_sizes[dim] - (s + (n - 1) * step) - 1, step - 1)
+    return lax.pad(grad, jnp.zeros((), grad.dtype), pads)
+
+
+@lowering(aten.select_backward.default)
+def select_backward(grad, input_sizes, dim, index):
+    dim = _norm_dim(dim, len(input_sizes))
+    index = index + input_sizes[dim] if index < 0 else index
+    pads = [(0, 0, 0)] * len(input_sizes)
+    pads[dim] = (index, input_sizes[dim] - index - 1, 0)
+    return lax.pad(jnp.expand_dims(grad, dim), jnp.zeros((), grad.dtype), pads)
+
+
 @lowering(aten.diagonal_scatter.default)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return _diagonal_scatter(x, src, offset, dim1, dim2)
