@@ -147,12 +147,25 @@ def test_clamp_bounds_signed_zero():
 
 
 def test_int_float_bool_units_give_eager_values():
-    xf = torch.tensor([1.5, -2.0, 0.0])
+    """Units are baked into the graph, where XLA folds `x + 0` to `x`: -0.0 + 0 must still be
+    eager's +0.0 (Note [Adding a constant zero]), in every float dtype and through each form."""
     xi = torch.tensor([3, -2, 0])
+    xfs = [torch.tensor([1.5, -2.0, 0.0, -0.0]).to(dt) for dt in (torch.float32, torch.bfloat16)]
+    xfs.append(torch.complex(torch.tensor([-0.0, 0.0, 1.0]), torch.tensor([0.0, -0.0, -0.0])))
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        real = torch.view_as_real
+        return bits_equal(real(a.cpu()), real(b)) if b.is_complex() else bits_equal(a, b)
+
     for v in (1, 1.0, True, 0, 0.0, False):
-        for x in (xf, xi):
-            assert bits_equal(x.to(dev) + v, x + v), (x.dtype, v)
-            assert bits_equal(x.to(dev) * v, x * v), (x.dtype, v)
+        for x in (*xfs, xi):
+            assert same(x.to(dev) + v, x + v), (x.dtype, v)
+            assert same(v + x.to(dev), v + x), (x.dtype, v)
+            assert same(x.to(dev) + torch.tensor(v), x + torch.tensor(v)), (x.dtype, v)
+            if not x.is_complex():  # (a complex product's zero signs: another question)
+                assert same(x.to(dev) * v, x * v), (x.dtype, v)
+            if x.is_floating_point() or x.is_complex():
+                assert same(x.to(dev).add_(v), x.clone().add_(v)), (x.dtype, v)
             assert bits_equal(torch.full((2,), v, device=dev), torch.full((2,), v)), v
 
 
