@@ -295,6 +295,12 @@ def test_ir_text_layout_matches_torch_xla():
     hlo = lazyxla.debug.hlo_text([t])
     # (relu is a select, not torch_xla's maximum: maximum(-0.0, 0) is +0.0, eager's relu -0.0)
     assert "dot(" in hlo and "select(" in hlo
+    # torch_xla's names (Note [HLO text as torch_xla prints it]): `%p1.4 = f32[2,3]{1,0}
+    # parameter(1)`, `%dot.5 = ... dot(f32[2,3]{1,0} %p1.4, f32[3,4]{1,0} %p0.3)`, no annotation
+    assert re.search(r"\n  %p1\.\d+ = f32\[2,3\]\{1,0\} parameter\(1\)\n", hlo), hlo
+    assert re.search(r"%dot\.\d+ = f32\[2,4\]\{1,0\} dot\(f32\[2,3\]\{1,0\} %p1\.\d+,", hlo)
+    assert re.search(r"^ENTRY %\S+ \(p0\.\d+: f32\[3,4\], p1\.\d+: f32\[2,3\]\)", hlo, re.M)
+    assert "sharding" not in hlo and "sdy" not in hlo and "data_" not in hlo
     assert "stablehlo.dot_general" in lazyxla.debug.stablehlo_text([t])
     lazyxla.sync()
     assert lazyxla.debug.ir_text([t]).splitlines()[1] == (

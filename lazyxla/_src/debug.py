@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import torch
 
-from . import graph, ir
+from . import graph, ir, sharding
 from .tensor import read, state
 
 
@@ -43,16 +43,61 @@ def stablehlo_text(tensors: Sequence[torch.Tensor]) -> str:
 
 def hlo_text(tensors: Sequence[torch.Tensor]) -> str:
     """The HLO text of the graph computing `tensors` (torch_xla's `_get_xla_tensors_hlo`), in
-    its layout: operands printed with their shapes (`sine(f32[4,4]{1,0} %p)`), no metadata."""
+    its layout: operands printed with their shapes (`sine(f32[4,4]{1,0} %p)`), no metadata, and
+    torch_xla's names where JAX's differ (Note [HLO text as torch_xla prints it])."""
     from jaxlib._hlo import HloPrintOptions
 
     opts = HloPrintOptions()
     opts.print_operand_shape = True
     opts.print_metadata = False
-    text = _lowered(tensors).compiler_ir("hlo").get_hlo_module().to_string(opts)
-    # XLA names a dot after jax's primitive (`%dot_general.3`); torch_xla's HLO says `%dot.3`.
-    if "%dot." not in text:
-        text = re.sub(r"%dot_general\.(\d+)", r"%dot.\1", text)
+    try:
+        with _gspmd_annotations():
+            lowered = _lowered(tensors)
+    except Exception:  # (a program only Shardy lowers: its annotations then stay Shardy's)
+        lowered = _lowered(tensors)
+    return _torch_xla_names(lowered.compiler_ir("hlo").get_hlo_module().to_string(opts))
+
+
+# Note [HLO text as torch_xla prints it]
+# torch_xla's HLO text of a graph names its instructions after XLA's opcodes and its parameters
+# `p<number>` (`%p1.4 = f32[2,3]{1,0} parameter(1)`), and annotates shardings in XLA's GSPMD form
+# (`custom_call_target="Sharding", sharding={devices=[1,8]<=[8]}`, `parameter(0),
+# sharding={replicated}`), the strings users grep for. JAX's HLO names a dot after its primitive
+# (`%dot_general.3`), a sharding annotation `%sharding_constraint.2`, a parameter after its
+# argument (`%data_0_.1`), and lowers shardings for the Shardy partitioner (a frontend attribute
+# per instruction). So the text is lowered with GSPMD annotations (the executable still compiles
+# through Shardy: only this text changes) and those names are printed as torch_xla's. The numbers
+# after the dots are XLA's own, not torch_xla's builder's.
+def _gspmd_annotations() -> Any:
+    return jax._src.config.use_shardy_partitioner(False)
+
+
+_PARAMETER = re.compile(r"%([A-Za-z_][\w]*)\.(\d+) = (.*?) parameter\((\d+)\)")
+
+
+def _torch_xla_names(text: str) -> str:
+    entry = re.search(r"^ENTRY .*?^}", text, re.M | re.S)
+    params = _PARAMETER.finditer(entry[0]) if entry else ()
+    renames = {f"{m[1]}.{m[2]}": f"p{m[4]}.{m[2]}" for m in params}
+    for prefix, opcode in (("dot_general", "dot"), ("sharding_constraint", "custom-call")):
+        for name in re.findall(rf"%({prefix}\.\d+)\b", text):
+            renames[name] = opcode + name[len(prefix) :]
+    kept = set(re.findall(r"%([\w.-]+)", text)) - set(renames)
+    new_names = set(renames.values())
+    if len(new_names) < len(renames) or new_names & kept:
+        return text  # (a clash: JAX's names are kept)
+    text = re.sub(r"%([\w.-]+)", lambda m: "%" + renames.get(m[1], m[1]), text)
+    # (the ENTRY signature names its parameters without a %)
+    text = re.sub(
+        r"^(ENTRY [^(]*\()(.*?)(\) ->)",
+        lambda m: (
+            m[1] + re.sub(r"([\w.-]+):", lambda p: renames.get(p[1], p[1]) + ":", m[2]) + m[3]
+        ),
+        text,
+        flags=re.M,
+    )
+    if not sharding.is_spmd():  # (one device: JAX's committed arguments, no annotation to see)
+        text = text.replace(", sharding={replicated}", "")
     return text
 
 

@@ -63,7 +63,12 @@ class Program:
 
     def function(self) -> Callable[..., list[jax.Array]]:
         steps, roots = self.steps, self.roots
-        out_shardings = self.out_shardings
+        # A root that is its own `mark_sharding` node carries that constraint already (one
+        # annotation in the HLO, as torch_xla's).
+        out_shardings = [
+            None if sh is not None and _constrained_to(steps[p], sh) else sh
+            for sh, (p, _) in zip(self.out_shardings, roots)
+        ]
 
         def run(data: list[jax.Array], scalars: list[jax.Array]) -> list[jax.Array]:
             env: list[tuple] = []
@@ -119,6 +124,14 @@ class Program:
             return outs
 
         return run
+
+
+def _constrained_to(step: tuple, sharding: Any) -> bool:
+    return (
+        step[0] not in (DATA, SCAL, CONST, EMPTY)
+        and step[6] == "xla::mark_sharding"
+        and (step[3][1] == sharding)
+    )
 
 
 def _check_shapes(name: str, src: Any, outs: tuple, shapes: tuple) -> None:
