@@ -749,6 +749,7 @@ def weight_norm_interface_backward(grad_w, v, g, norms, dim):
 # Attention's custom ops and the scaled_dot_product_attention kernel (Note [Blockwise attention]),
 # and torch.utils.checkpoint on lazy tensors (Note [Checkpointing]): both register on import.
 from .. import attention as _attention  # noqa: E402,F401
+from .. import ctc as _ctc  # noqa: E402,F401  (Note [CTC loss])
 from .. import einsum as _einsum  # noqa: E402,F401  (Note [Einsum kept whole])
 from .. import products as _products  # noqa: E402,F401  (Note [Products kept whole])
 from .. import remat as _remat  # noqa: E402,F401
