@@ -35,7 +35,7 @@ def _loss_and_grad(logits, targets, device, **kwargs):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("concatenated", [False, True])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("zero_infinity", [False, True])
 def test_ctc_loss_matches_eager(dtype, concatenated, reduction, zero_infinity):
     logits = torch.randn(T, N, C, dtype=dtype, generator=torch.Generator().manual_seed(0))
