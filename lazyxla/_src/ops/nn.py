@@ -751,6 +751,7 @@ def weight_norm_interface_backward(grad_w, v, g, norms, dim):
 from .. import attention as _attention  # noqa: E402,F401
 from .. import ctc as _ctc  # noqa: E402,F401  (Note [CTC loss])
 from .. import einsum as _einsum  # noqa: E402,F401  (Note [Einsum kept whole])
+from .. import prod_grad as _prod_grad  # noqa: E402,F401  (Note [Product gradients without a sync])
 from .. import products as _products  # noqa: E402,F401  (Note [Products kept whole])
 from .. import remat as _remat  # noqa: E402,F401
 from . import (  # noqa: E402,F401
