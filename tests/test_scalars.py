@@ -169,6 +169,25 @@ def test_int_float_bool_units_give_eager_values():
             assert bits_equal(torch.full((2,), v, device=dev), torch.full((2,), v)), v
 
 
+def test_adding_a_zero_fill_gives_eagers_zero_sign():
+    """XLA folds an add of constant zeros too (Note [Adding a constant zero]): -0.0 + zeros is
+    eager's +0.0, whichever side the fill is on, with an alpha, in float and complex."""
+    xs = [torch.tensor([-0.0, 0.0, 1.5, -2.0]), torch.tensor([-0.0, 0.0, 1.5]).bfloat16()]
+    xs.append(torch.complex(torch.tensor([-0.0, 1.0]), torch.tensor([-0.0, -0.0])))
+    forms = {
+        "zeros_like_first": lambda t: torch.zeros_like(t) + t,
+        "zeros_second": lambda t: t + torch.zeros(t.shape, dtype=t.dtype, device=t.device),
+        "new_zeros": lambda t: t.new_zeros(t.shape) + t,
+        "alpha": lambda t: torch.add(torch.zeros_like(t), t, alpha=-1),
+    }
+    for x in xs:
+        for name, f in forms.items():
+            got, want = f(x.to(dev)).cpu(), f(x)
+            if want.is_complex():
+                got, want = torch.view_as_real(got), torch.view_as_real(want)
+            assert bits_equal(got, want), (name, x.dtype)
+
+
 # --- bf16/fp16 ops with a Python scalar (Note [Scalar precision]) ---------------------------------
 
 N = 4099  # not a multiple of any vector width: eager's scalar tail loop runs too

@@ -53,7 +53,10 @@ class Program:
                 refs = tuple((pos[id(i)], k) for i, k in n.inputs)
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
                 shapes = tuple(tuple(s.shape) for s in n.specs)
-                self.steps.append((OP, n.rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
+                rule = n.rule
+                if n.op == "aten::add" and any(i.op in _ZERO_FILLS for i, _ in n.inputs):
+                    rule = _adding_zeros(rule)  # Note [Adding a constant zero]
+                self.steps.append((OP, rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
                 marked = marked or n.op == "xla::mark_tensor"
         self.roots = roots
         if marked:  # pattern markers become stablehlo.composite ops: Note [Composites]
@@ -124,6 +127,30 @@ class Program:
             return outs
 
         return run
+
+
+# Ops whose value is zeros XLA sees as a constant (an add of one is folded away: Note [Adding a
+# constant zero] in ops/elementwise.py). Small fills passed as data are not constants.
+_ZERO_FILLS = frozenset({"aten::zeros", "aten::zeros_like", "aten::zero"})
+
+
+def _adding_zeros(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """An add with a zero fill as an operand, computed as IEEE adds: x + 0 is +0.0 where x is
+    -0.0 (XLA folds the add to x), so a zero sum is +0.0 (the fill is +0.0: no -0.0 + -0.0)."""
+
+    def add(*args: Any, **kwargs: Any) -> Any:
+        out = jnp.asarray(rule(*args, **kwargs))
+        if not jnp.issubdtype(out.dtype, jnp.inexact):
+            return out
+        if jnp.issubdtype(out.dtype, jnp.complexfloating):
+            return jax.lax.complex(_positive_zero(out.real), _positive_zero(out.imag))
+        return _positive_zero(out)
+
+    return add
+
+
+def _positive_zero(x: Any) -> Any:
+    return jnp.where(x == 0, jnp.zeros((), x.dtype), x)
 
 
 def _constrained_to(step: tuple, sharding: Any) -> bool:
