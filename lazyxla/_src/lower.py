@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
-from .ops.registry import _out_dtypes
+from .ops.registry import _out_dtypes, is_const
 from .runtime import jnp_dtype
 
 # A program step: (kind, rule, input refs, args, kwargs, output dtypes, op name)
@@ -54,7 +54,7 @@ class Program:
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
                 shapes = tuple(tuple(s.shape) for s in n.specs)
                 rule = n.rule
-                if n.op == "aten::add" and any(i.op in _ZERO_FILLS for i, _ in n.inputs):
+                if n.op == "aten::add" and _adds_constant_zero(n):
                     rule = _adding_zeros(rule)  # Note [Adding a constant zero]
                 self.steps.append((OP, rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
                 marked = marked or n.op == "xla::mark_tensor"
@@ -129,14 +129,26 @@ class Program:
         return run
 
 
-# Ops whose value is zeros XLA sees as a constant (an add of one is folded away: Note [Adding a
-# constant zero] in ops/elementwise.py). Small fills passed as data are not constants.
+# Note [Adding a constant zero]
+# XLA's algebraic simplifier folds `x + 0` to `x` when the 0 is a constant: -0.0 + 0 stays -0.0,
+# where IEEE, and eager, give +0.0. Two kinds of add have such a 0: a 0 (or 0.0, False, a 0-d
+# zero tensor) baked into the node as torch_xla bakes its units (`_is_unit` in dispatch.py:
+# `t + 0`, `0 + t`, `t.add_(0)`; -0.0 is never baked), and a zero fill as an operand
+# (`torch.zeros_like(t) + t`, `t + torch.zeros(n)`, `new_zeros`; small fills passed as data are
+# not constants). The interpreter computes those adds as IEEE does: their zero sums become +0.0
+# (with a +0.0 operand, -0.0 + -0.0 cannot occur), each part of a complex sum alike. Not covered:
+# a zero fill reaching the add through a view (an expanded zeros).
 _ZERO_FILLS = frozenset({"aten::zeros", "aten::zeros_like", "aten::zero"})
 
 
+def _adds_constant_zero(n: Node) -> bool:
+    other = n.args[1] if len(n.args) > 1 else None
+    return is_const(other, 0) or any(i.op in _ZERO_FILLS for i, _ in n.inputs)
+
+
 def _adding_zeros(rule: Callable[..., Any]) -> Callable[..., Any]:
-    """An add with a zero fill as an operand, computed as IEEE adds: x + 0 is +0.0 where x is
-    -0.0 (XLA folds the add to x), so a zero sum is +0.0 (the fill is +0.0: no -0.0 + -0.0)."""
+    """`rule` (an add with a constant zero operand), with its zero sums made +0.0 (Note [Adding
+    a constant zero])."""
 
     def add(*args: Any, **kwargs: Any) -> Any:
         out = jnp.asarray(rule(*args, **kwargs))

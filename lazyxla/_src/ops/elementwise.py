@@ -275,23 +275,8 @@ def xlogy(x, y):
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, alpha=1):
-    if is_const(y, 0) and jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-        return _plus_zero(jnp.asarray(x))
+    # (an add of a constant zero: Note [Adding a constant zero] in lower.py)
     return x + y if is_const(alpha, 1) else x + y * alpha
-
-
-# Note [Adding a constant zero]
-# A 0 (or 0.0) operand is baked into its node, as torch_xla bakes it (see `_is_unit`), and XLA's
-# algebraic simplifier folds `x + 0` to `x`: -0.0 + 0 would stay -0.0 where IEEE, and eager, give
-# +0.0 (`t + 0`, `t.add_(0)`, a 0-d zero tensor added). So a floating `x + 0` is computed as what
-# it is: x, with -0.0 turned to +0.0 (NaN stays NaN), which XLA keeps. A zero fill added
-# (`torch.zeros_like(t) + t`, `t + torch.zeros(n)`, `new_zeros`) is a constant to XLA too, and
-# folded the same way: the interpreter gives such an add the same correction (`_adding_zeros` in
-# lower.py). Not covered: a zero fill reaching an add through a view (an expanded zeros).
-def _plus_zero(x):
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return lax.complex(_plus_zero(x.real), _plus_zero(x.imag))
-    return jnp.where(x == 0, jnp.zeros((), x.dtype), x)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
