@@ -138,10 +138,6 @@ def _logsumexp3(a, b, c):
     return jnp.where(some, jnp.log(jnp.where(some, total, 1)), _NEG) + m
 
 
-def forward_rule(lp, targets, il, tl, blank, width):
-    return _forward(lp, targets, il, tl, blank, width)
-
-
 def backward_rule(grad, lp, targets, il, tl, nll, blank, zero_infinity, width):
     _, vjp = jax.vjp(lambda x: _forward(x, targets, il, tl, blank, width)[0], lp)
     (d_loss,) = vjp(grad)
@@ -153,7 +149,7 @@ def backward_rule(grad, lp, targets, il, tl, nll, blank, zero_infinity, width):
     return jnp.where(infinite & inside, jnp.asarray(jnp.nan, lp.dtype), out)
 
 
-register(torch.ops.lazyxla.ctc_loss.default, forward_rule, opmath=False)
+register(torch.ops.lazyxla.ctc_loss.default, _forward, opmath=False)
 register(torch.ops.lazyxla.ctc_loss_backward.default, backward_rule, opmath=False)
 
 

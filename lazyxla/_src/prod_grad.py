@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
-from .products import _plain, _unobserved
+from .products import _BELOW_AUTOGRAD, _plain, _unobserved
 
 aten = torch.ops.aten
 _EAGER_AUTOGRAD = torch._C.DispatchKey.Autograd  # (its alias key: eager's VariableType kernel)
-_BELOW_AUTOGRAD = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _prod = aten.prod.default._handle.redispatch_boxed
 _prod_dim = aten.prod.dim_int._handle.redispatch_boxed
 
@@ -86,21 +85,21 @@ def _taken(x: Any) -> bool:
         torch.is_grad_enabled()
         and x.requires_grad
         and _plain(x)
-        and (x.is_floating_point() or x.is_complex())
+        and x.is_floating_point()  # (complex: eager's kernel)
         and _unobserved()
     )
 
 
 def prod_kernel(x: Any, *, dtype: Any = None) -> torch.Tensor:
     """`aten::prod` for lazy tensors (its AutogradPrivateUse1 kernel)."""
-    if not _taken(x) or x.is_complex():
+    if not _taken(x):
         return aten.prod.default._op_dk(_EAGER_AUTOGRAD, x, dtype=dtype)
     return _Prod.apply(x, None, False, dtype)
 
 
 def prod_dim_kernel(x: Any, dim: int, keepdim: bool = False, *, dtype: Any = None):
     """`aten::prod.dim_int` for lazy tensors (its AutogradPrivateUse1 kernel)."""
-    if not _taken(x) or x.is_complex():
+    if not _taken(x):
         return aten.prod.dim_int._op_dk(_EAGER_AUTOGRAD, x, dim, keepdim, dtype=dtype)
     return _Prod.apply(x, dim, keepdim, dtype)
 
