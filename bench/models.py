@@ -7,8 +7,8 @@ carry a padding mask, as tokenized batches do.
 
 - eager: PyTorch on the CPU.
 - lazyxla: record the step, `lazyxla.sync(wait=True)`: tracing + cache lookup + execution. This
-  includes the small graphs transformers' SDPA mask builders execute mid-step when they branch on
-  the padding mask's values (see tests/test_hf_models.py, `SDPA_MASK_READS`).
+  includes the padding-mask reads of transformers' SDPA mask builders (answered on the host,
+  Note [Small integer reads on the host]).
 - limit: the cached jitted executable of the step's graph, called directly on the same inputs
   (`exe(cap.data, cap.scalars)`): lazyxla with zero tracing, zero bookkeeping and no mid-step reads.
 

@@ -166,3 +166,45 @@ def test_a_division_that_traps_on_the_host_compiles():
         "True",
         "[-5, 7] 1",
     ]
+
+
+def test_an_integer_read_beside_a_float_graph_is_answered_alone():
+    """transformers' SDPA mask check (`padding_mask.sum() == numel` of a mask cast to bool) right
+    after a step's embedding lookup: read on the host alone, the float graph left pending, so the
+    step runs as one graph; the cast the read goes through is evaluated on the host too."""
+    torch.manual_seed(0)
+    table, mask = torch.randn(10, 4), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    e_table, e_mask, e_ids = (t.to(DEV) for t in (table, mask, ids))
+    c, h, runs = _count("UncachedCompile"), _count("HostRead"), _count("ExecuteComputation")
+    emb = torch.nn.functional.embedding(e_ids, e_table) * 2
+    padding = e_mask.to(torch.bool)
+    full = padding.sum() == padding.numel()
+    assert not bool(full)
+    assert bool(padding[1].sum() == 3)
+    assert _count("HostRead") == h + 2
+    assert (_count("UncachedCompile"), _count("ExecuteComputation")) == (c, runs)
+    assert state(emb).is_pending  # left for the step's sync
+    lazyxla.sync()
+    assert _count("ExecuteComputation") == runs + 1
+    assert torch.equal(emb.cpu(), torch.nn.functional.embedding(ids, table) * 2)
+
+
+def test_a_loop_of_integer_reads_still_cuts_a_growing_graph():
+    """A loop that reads an integer each iteration while another tensor grows: the reads are
+    answered alone only while the pending graph is small, so the growing graph is cut at a
+    bounded size and its cuts repeat one executable (Note [What a value read syncs])."""
+    x = torch.zeros(3, device=DEV)
+    i = torch.zeros((), dtype=torch.int64, device=DEV)
+    lazyxla.sync()
+    c, runs = _count("UncachedCompile"), _count("ExecuteComputation")
+    n = 0
+    while i.item() < 600:  # (float32 holds every sum exactly)
+        x = x + 1.0
+        i = i + 1
+        n += 1
+    assert n == 600
+    assert torch.equal(x.cpu(), torch.full((3,), 600.0))
+    cuts = _count("ExecuteComputation") - runs
+    assert 2 <= cuts <= 600 // 100, cuts  # cut every ~256 nodes, not at every read
+    assert _count("UncachedCompile") - c <= 3  # the repeated cut, the remainder, a start

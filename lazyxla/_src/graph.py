@@ -488,9 +488,11 @@ def sync_states(
 # iteration (29 compiles for 24 tokens). lazyxla treats a read that must execute as a step
 # boundary: it runs every live pending tensor together with the one read (one graph, one
 # execution), so the cache becomes device data at each token and every token runs the same
-# graph. A read of a tensor that is already data runs nothing. In a training step a read after
-# `sync()` is of data; a read mid-step (a loss printed before `optimizer.step()`, a mask value a
-# model reads) cuts the step in two graphs, each the same every step, as before. Such a sync
+# graph. A read of a tensor that is already data runs nothing; an integer read answered on the
+# host runs nothing either, and may leave a small pending graph for later (Note [Small integer
+# reads on the host]: a padding-mask check mid-step). In a training step a read after `sync()` is
+# of data; a read mid-step that must execute (a loss printed before `optimizer.step()`) cuts the
+# step in two graphs, each the same every step, as before. Such a sync
 # never donates buffers. If another pending tensor fails to compile or run, the tensor read still
 # gets its value: the failing one is marked failed (Note [Failed graphs]) and a warning names
 # its error. LAZYXLA_READ_SYNCS_ALL=0 restores torch_xla's policy, which also holds in programs

@@ -14,6 +14,13 @@ execute is answered on the host, with eager CPU PyTorch (lazyxla's oracle), in t
 - *Data movement over data*: the tensor read is a `cat`/slice/view/... of device data (the
   generated sequence), any dtype: moving values is exact. Other pending tensors stay pending, as
   when a tensor that is data is read.
+- *Integer bookkeeping beside a small pending graph*: the tensor read is itself integer
+  bookkeeping, but other pending tensors are not (transformers' SDPA mask builders read
+  `padding_mask.sum() == numel` right after the embedding lookup of a training step). The read is
+  answered alone, and the rest stays pending, as under torch_xla's policy: no mid-step execution,
+  one graph per step. Only while the pending graph is at most `_MAX_LEFT_PENDING` nodes: a loop
+  that reads such a value each iteration while it grows other tensors is still cut, at a bounded
+  size, so its graph stops growing and repeats (Note [What a value read syncs]).
 The leaves are downloaded, each node runs its aten overload (`Node.aten`: the kernel's own op,
 whose recorded arguments are in schema order) on the host values, and every value evaluated is
 uploaded and bound as device data, as a sync would bind it, so later graphs take it as an input
@@ -37,6 +44,7 @@ from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref, post_order
 from .tensor import DEVICE_TYPE, LazyState, bind_data
 
 _MAX_NODES = 64
+_MAX_LEFT_PENDING = 256
 _MAX_ELEMENTS = 4096
 _MAX_MOVED = 1 << 20  # elements a data-movement read may assemble on the host
 _EXACT = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
@@ -57,7 +65,14 @@ def try_read(s: LazyState, moves: frozenset[str]) -> bool:
     states = graph.pending_states(None) if FLAGS.read_syncs_all else [s]
     if not any(x is s for x in states):
         states.append(s)
-    return _evaluate_and_bind(states, _MAX_ELEMENTS, exact_only=True)
+    if _evaluate_and_bind(states, _MAX_ELEMENTS, exact_only=True):
+        return True
+    if len(states) == 1:
+        return False
+    # The read alone, if what it leaves pending is small (see the Note).
+    if post_order([x.value[0] for x in states], limit=_MAX_LEFT_PENDING) is None:
+        return False
+    return _evaluate_and_bind([s], _MAX_ELEMENTS, exact_only=True)
 
 
 def _sharded() -> bool:

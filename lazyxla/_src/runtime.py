@@ -153,7 +153,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 # Note [Device data cache]
 # As torch_xla's DataCache: a one-element host tensor (a scalar that `torch.tensor(2.0,
 # device=...)` or a loss scale uploads every step) is uploaded once per (value, dtype, shape,
-# device) and the device array reused; jax arrays are immutable, so sharing one is safe. So is a
+# device) and the device array reused; jax arrays are immutable, so sharing one is safe. An empty
+# one too (transformers' DynamicCache starts each layer's keys and values as `torch.tensor([],
+# device=...)`, every forward: two transfers per layer per training step). So is a
 # small fill passed as data (Note [Fills passed as data] in graph.py: a backward's zero tangents,
 # every step). A reused array that a graph has since donated (deleted) is uploaded again. Misses
 # are counted as `DeviceDataCacheMiss`, torch_xla's counter.
@@ -178,7 +180,8 @@ def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> ja
 
     `device`: a jax device or sharding (default: the default device); `copy=False` when `t` is
     private to the caller and never written again (jax may then keep its memory)."""
-    if t.numel() == 1 and not t.is_complex():
+    n = t.numel()
+    if n == 0 or (n == 1 and not t.is_complex()):
         key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)  # bits: -0.0, NaNs
         return _cached_upload(key, lambda: _upload(t, device, copy))
     return _upload(t, device, copy)

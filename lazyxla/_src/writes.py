@@ -45,10 +45,14 @@ def cast_value(v: tuple[Node, int], spec: TensorSpec) -> tuple[Node, int]:
             (v,),
             (Ref(0), spec.dtype),
             TensorSpec(src.shape, spec.dtype),
+            aten=_TO_COPY,  # (its dtype is keyword-only: recorded after the positional ones)
         )
     if src.shape != spec.shape:
-        v = emit("aten::expand", expand_rule, (v,), (Ref(0), spec.shape), spec)
+        v = emit("aten::expand", expand_rule, (v,), (Ref(0), spec.shape), spec, aten=_EXPAND)
     return v
+
+
+_TO_COPY, _EXPAND = torch.ops.aten._to_copy.default, torch.ops.aten.expand.default
 
 
 def _write_value(target: torch.Tensor, value: tuple[Node, int]) -> None:
