@@ -159,6 +159,17 @@ def test_device_data_cache_shares_scalar_uploads():
     assert torch_xla._XLAC._set_buffer_donation(a, True) is False  # shared: never donated
 
 
+def test_device_data_cache_shares_empty_uploads():
+    """transformers' DynamicCache uploads `torch.tensor([])` per layer per forward."""
+    empty = torch.zeros(0, 7, 3, dtype=torch.int16)  # a shape no other test uploads
+    first = empty.to(dev)
+    handles = met.counter_value("CreateDataHandles") or 0
+    second = empty.to(dev)
+    assert (met.counter_value("CreateDataHandles") or 0) == handles
+    grown = torch.cat([second, torch.ones(2, 7, 3, dtype=torch.int16, device=dev)])
+    assert first.shape == (0, 7, 3) and torch.equal(grown.cpu(), torch.ones(2, 7, 3).short())
+
+
 def test_set_ir_debug_records_source_lines():
     import torch_xla
 
