@@ -61,18 +61,22 @@ def try_read(s: LazyState, moves: frozenset[str]) -> bool:
     if collectives.active() or _sharded():
         return False
     if _moves_over_data(s.value, moves):
-        return _evaluate_and_bind([s], _MAX_MOVED)
+        order = _host_order([s], _MAX_MOVED, exact_only=False)
+        return order is not None and _evaluate_and_bind([s], order)
+    own = _host_order([s], _MAX_ELEMENTS)
+    if own is None:
+        return False  # (what the read itself needs cannot be answered: nor can more)
     states = graph.pending_states(None) if FLAGS.read_syncs_all else [s]
     if not any(x is s for x in states):
         states.append(s)
-    if _evaluate_and_bind(states, _MAX_ELEMENTS, exact_only=True):
-        return True
-    if len(states) == 1:
-        return False
-    # The read alone, if what it leaves pending is small (see the Note).
-    if post_order([x.value[0] for x in states], limit=_MAX_LEFT_PENDING) is None:
-        return False
-    return _evaluate_and_bind([s], _MAX_ELEMENTS, exact_only=True)
+    if len(states) > 1:
+        order = _host_order(states, _MAX_ELEMENTS)
+        if order is not None:
+            return _evaluate_and_bind(states, order)
+        # The read alone, if what it leaves pending is small (see the Note).
+        if post_order([x.value[0] for x in states], limit=_MAX_LEFT_PENDING) is None:
+            return False
+    return _evaluate_and_bind([s], own)
 
 
 def _sharded() -> bool:
@@ -90,22 +94,32 @@ def _moves_over_data(v: tuple[Node, int], moves: frozenset[str]) -> bool:
     return all(n.op in moves or n.op == DEVICE_DATA for n in order)
 
 
-def _evaluate_and_bind(states: list[LazyState], max_elements: int, exact_only: bool = False):
-    roots = [x.value for x in states]
+def _host_order(
+    states: list[LazyState], max_elements: int, exact_only: bool = True
+) -> list[Node] | None:
+    """The nodes the host runs to compute `states`, or None when it cannot answer them (more
+    than `_MAX_NODES` of them, or 4x that for data movement; a value of more than
+    `max_elements` elements, an inexact dtype when `exact_only`, a node without an aten op)."""
     most = _MAX_NODES if exact_only else 4 * _MAX_NODES
-    order = post_order([n for n, _ in roots], limit=most)
+    order = post_order([x.value[0] for x in states], limit=most)
     if order is None:
-        return False
+        return None
     for n in order:
         if n.op == SCALAR or n.op == CONSTANT:
             continue
         if n.op != DEVICE_DATA and n.aten is None:
-            return False
+            return None
         for sp in n.specs:
             if (exact_only and sp.dtype not in _EXACT) or math.prod(sp.shape) > max_elements:
-                return False
+                return None
         if n.op == DEVICE_DATA and not getattr(n.data, "is_fully_addressable", False):
-            return False
+            return None
+    return order
+
+
+def _evaluate_and_bind(states: list[LazyState], order: list[Node]) -> bool:
+    """Run `order` (`_host_order` of `states`) on the host and bind each state's value."""
+    roots = [x.value for x in states]
     try:
         values = _evaluate(order)
     except Exception:  # the compiling path gives the error, if it is one
