@@ -255,15 +255,15 @@ class Recorder:
         """The dtype `v` (a Python number or 0-d CPU tensor) is lifted at: its promotion with
         the anchoring tensor, or the floating result an integer promotion computes in. `result`:
         for a `Scalar` argument, the node's result dtype: a float Scalar of an op whose result is
-        the anchoring tensor's integer dtype (`int_t.addcmul_(a, b, value=2.5)`) is converted to
-        it first, as eager's `value.to<scalar_t>()` does (2.5 -> 2; promoted to float, it computed
+        integral (`int_t.addcmul_(a, b, value=2.5)`, also with `a` and `b` of another integer
+        dtype: `uint8_t.addcmul_(int8_a, int8_b, value=0.5)` computes in int16) is converted to it
+        first, as eager's `value.to<scalar_t>()` does (2.5 -> 2; promoted to float, it computed
         int_t + 2.5 * a * b). A comparison (a bool result) computes in the promoted type."""
         if (
             result is not None
             and type(v) is float
             and not _is_floating(result)
             and result != torch.bool
-            and self.ref.dtype == result
         ):
             return result
         dtype = torch.result_type(self.ref, v)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
 from .ops.registry import _out_dtypes, is_const
+from .promotion import converting, zero_dim_casts
 from .runtime import jnp_dtype
 
 # A program step: (kind, rule, input refs, args, kwargs, output dtypes, op name)
@@ -56,6 +57,9 @@ class Program:
                 rule = n.rule
                 if n.op == "aten::add" and _adds_constant_zero(n):
                     rule = _adding_zeros(rule)  # Note [Adding a constant zero]
+                casts = zero_dim_casts(n)
+                if casts:
+                    rule = converting(rule, casts)  # Note [Zero-dim operands]
                 self.steps.append((OP, rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
                 marked = marked or n.op == "xla::mark_tensor"
         self.roots = roots

@@ -1,7 +1,9 @@
 """Type promotion of binary pointwise ops against eager: every op on every pair of operands drawn
-from tensors of ten dtypes, 0-d CPU tensors (units too) and Python scalars, both orders. Each call
-must give eager's dtype and values, or raise eager's exception type where eager raises. It found
-`uint8_tensor / -3` dividing by 253 (Note [Integer scalars of floating results]), `bool * inf`
+from tensors of ten dtypes, 0-d CPU tensors (units too), 0-d device tensors and Python scalars,
+both orders. Each call must give eager's dtype and values, or raise eager's exception type where
+eager raises. It found `uint8_tensor / -3` dividing by 253 (Note [Integer scalars of floating
+results]), `uint8_tensor // torch.tensor(-12, dtype=torch.int8, device=dev)` dividing by -12 where
+eager divides by 244 (Note [Zero-dim operands]), `bool * inf`
 giving 0 (Note [Booleans times a value]), `bool_tensor / 0.0` giving 0 where eager divides 0 by 0,
 a complex division by zero giving NaN + NaNj, and dozens of calls eager refuses that lazyxla
 computed (Note [Eager probes of pointwise ops]). The known differences are listed in KNOWN with
@@ -39,9 +41,18 @@ ZERO_D = {
     "0d_i64_1": torch.tensor(1),
     "0d_u8_1": torch.tensor(1, dtype=torch.uint8),
 }
+# 0-d tensors on the device: eager converts them to the common dtype, in which they count less
+# than a dimensioned tensor (Note [Zero-dim operands]): uint8 // int8(-12) divides by 244.
+DEVICE_ZERO_D = {
+    "dev0d_i8": torch.tensor(-12, dtype=torch.int8),
+    "dev0d_i64": torch.tensor(-3),
+    "dev0d_f32": torch.tensor(0.3),
+    "dev0d_f64": torch.tensor(1.0 / 3.0, dtype=torch.float64),
+    "dev0d_bool": torch.tensor(True),
+}
 # The default run's operands: every dtype category and every kind of operand, fewer of each.
 QUICK = {"i64", "u8", "bool", "f32", "bf16", "c64", "-3", "2.5", "300", "0d_f64", "0d_bool"}
-QUICK |= {"0d_f64_0"}
+QUICK |= {"0d_f64_0", "dev0d_i8", "dev0d_f32", "dev0d_f64"}
 
 _MASK = [True, False, True, True]
 OPS = {
@@ -51,6 +62,8 @@ OPS = {
     "div": torch.div,
     "true_divide": torch.true_divide,
     "floor_divide": torch.floor_divide,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
     "remainder": torch.remainder,
     "fmod": torch.fmod,
     "pow": torch.pow,
@@ -120,7 +133,7 @@ def _known(op: str, a: str, b: str, ref_err, got_err, ref, got, x, y) -> str | N
 
 
 def _operands(quick: bool):
-    others = {**{"t:" + k: v for k, v in TENSORS.items()}, **SCALARS, **ZERO_D}
+    others = {**{"t:" + k: v for k, v in TENSORS.items()}, **SCALARS, **ZERO_D, **DEVICE_ZERO_D}
     for an, a in TENSORS.items():
         if quick and an not in QUICK:
             continue
@@ -132,7 +145,12 @@ def _operands(quick: bool):
 
 
 def _lazy(v):
-    return v.to(DEV) if isinstance(v, torch.Tensor) and v.dim() else v
+    on_device = isinstance(v, torch.Tensor) and (v.dim() or _is_device_zero_d(v))
+    return v.to(DEV) if on_device else v
+
+
+def _is_device_zero_d(v: torch.Tensor) -> bool:
+    return any(v is t for t in DEVICE_ZERO_D.values())
 
 
 def _same(r: torch.Tensor, g: torch.Tensor) -> bool:
@@ -187,3 +205,40 @@ def test_binary_promotion_like_eager(op_name, quick):
         warnings.simplefilter("ignore")
         bad = _sweep(op_name, quick)
     assert not bad, "\n".join(bad)
+
+
+U8 = torch.tensor([5, 19, 4, 200, 3], dtype=torch.uint8)
+I8 = torch.tensor([1, -2, 3, -4, 5], dtype=torch.int8)
+# Powers whose bf16 results lie >= 0.12 ulp from a rounding boundary: eager's (exponent rounded
+# to bf16 first) and the float32 exponent's differ by an ulp, any CPU's pow by far less.
+BF16 = torch.tensor([4096.0, 65536.0, 2.0**-12, 1e6, 0.001], dtype=torch.bfloat16)
+INPLACE = {
+    "floor_divide_ by a 0-d int8": (U8, lambda x, d: x.floor_divide_(torch.tensor(-12, **d))),
+    "maximum out= with a 0-d int8": (
+        U8,
+        lambda x, d: torch.maximum(x, torch.tensor(-12, **d), out=x),
+    ),
+    "pow_ by a 0-d int64": (U8, lambda x, d: x.pow_(torch.tensor(-3, device=d["device"]))),
+    "lt with a 0-d int8": (U8, lambda x, d: x.lt(torch.tensor(-12, **d)).to(torch.uint8)),
+    "pow_ of bf16 by a 0-d float32": (
+        BF16,
+        lambda x, d: x.pow_(torch.tensor(0.3, device=d["device"])),
+    ),
+    "addcmul_ of int8 tensors into uint8, value 0.5": (
+        U8,
+        lambda x, d: x.addcmul_(I8.to(d["device"]), I8.to(d["device"]), value=0.5),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(INPLACE))
+def test_in_place_and_out_ops_promote_like_eager(case):
+    """In-place and out= forms of the cases above (Note [Zero-dim operands]), and a float value
+    of an integer op whose operands promote to another integer dtype (converted to it as eager's
+    `value.to<scalar_t>()` does, not computed in float)."""
+    start, op = INPLACE[case]
+    ref = start.clone()
+    op(ref, dict(dtype=torch.int8, device="cpu"))
+    got = start.to(DEV)
+    op(got, dict(dtype=torch.int8, device=DEV))
+    assert got.dtype == ref.dtype and torch.equal(got.cpu(), ref), (got.cpu(), ref)

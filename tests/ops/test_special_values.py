@@ -393,3 +393,26 @@ def test_float_to_int_conversions_like_eager(src):
             into = torch.zeros(x.shape, dtype=dt, device=DEV).copy_(xd)
             assert torch.equal(into.cpu(), expected), (src, dt, n, "copy_")
             assert torch.equal(xd.type_as(into).cpu(), expected), (src, dt, n, "type_as")
+
+
+@pytest.mark.parametrize("src", [torch.complex64, torch.complex128])
+def test_complex_to_int_conversions_like_eager(src):
+    """A complex -> int conversion discards the imaginary part, then converts the real part as
+    a float converts (Note [Float to integer conversion]): -3.7+1j -> uint8 253, not 0."""
+    values = torch.tensor(_OUT_OF_RANGE, dtype=torch.float64) + 1j
+    x = values.to(src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager's "Casting complex values to real discards ..."
+        for dt in _INT_TARGETS:
+            assert torch.equal(x.to(DEV).to(dt).cpu(), x.to(dt)), (src, dt)
+
+
+@pytest.mark.parametrize("dst", [torch.uint8, torch.int32, torch.float16, torch.bool])
+def test_copy_from_a_python_number_like_eager(dst):
+    """`t.copy_(v)` takes a Python number as eager does (a wrapped-number tensor)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for v in (3, -3.7, True, 2.5 - 1j, 300):
+            ref = torch.zeros(4, dtype=dst).copy_(v)
+            got = torch.zeros(4, dtype=dst, device=DEV).copy_(v)
+            assert torch.equal(got.cpu(), ref), (dst, v)

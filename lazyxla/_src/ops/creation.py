@@ -18,6 +18,8 @@ aten = torch.ops.aten
 def convert_rule(x: Any, dtype: torch.dtype) -> Any:
     dt = jnp_dtype(dtype)
     via = _FLOAT_TO_INT_VIA.get(dt)
+    if via is not None and jnp.issubdtype(x.dtype, jnp.complexfloating):
+        x = jnp.real(x)  # eager discards the imaginary part (with a warning), then converts
     if via is not None and jnp.issubdtype(x.dtype, jnp.floating):
         return _float_to_int(x, dt, via)
     return bool_to(x, dt)
@@ -32,7 +34,8 @@ def convert_rule(x: Any, dtype: torch.dtype) -> Any:
 # for every size (vectorized or not) and every x86 CPU. XLA's conversion saturates instead (1e10
 # -> 2147483647, -3.7 -> uint8 0, NaN -> 0), which would silently differ from eager in programs
 # such as `(x * 255).to(torch.uint8)`, so a float -> int conversion is lowered as eager's: in-range
-# values truncate (the same in both), the others become the indefinite value, then wrap.
+# values truncate (the same in both), the others become the indefinite value, then wrap. A complex
+# value converts its real part so (eager discards the imaginary part: -3.7+1j -> uint8 253).
 _FLOAT_TO_INT_VIA = {
     jnp.dtype(jnp.int8): jnp.dtype(jnp.int32),
     jnp.dtype(jnp.int16): jnp.dtype(jnp.int32),

@@ -341,23 +341,33 @@ def _div(x, y, rounding_mode=None):
             x = floating_result(jnp.asarray(x))
         return _true_divide(x, y)
     q = jnp.true_divide(x, y) if jnp.issubdtype(jnp.result_type(x, y), jnp.inexact) else None
+    if q is None:  # integer operands, in the result's dtype (jnp divides no bools)
+        dt = out_dtype() or jnp.result_type(x, y)
+        x, y = jnp.asarray(x).astype(dt), jnp.asarray(y).astype(dt)
     if rounding_mode == "trunc":
         if q is None:
             return lax.div(*jnp.broadcast_arrays(*_pair(x, y)))
-        return _div_trunc_float(*_pair(x, y), q)
+        return _div_trunc_float(*_pair(x, y))
     return _div_floor_float(*_pair(x, y)) if q is not None else jnp.floor_divide(x, y)
 
 
 # Note [Exact quotients]: XLA rewrites a / broadcast(b) as a * broadcast(1 / b), a quotient that
 # can land an ulp under an integer (5.125 / 5.125 -> 0.99999994), which trunc/floor would turn
-# into the integer below. The quotient of a - fmod(a, b), an exact multiple of b, is rounded
-# instead: robust to that ulp, and equal to eager's where eager's quotient is exact.
+# into the integer below. Eager's trunc division is `trunc(a / b)` of the correctly rounded
+# quotient, which `_true_divide` computes (Note [Broadcast divisors]): -3 / 0.3f is -9.9999996,
+# rounded to -10.0, so eager's trunc is -10 (rounding the quotient of a - fmod(a, b), an exact
+# multiple of b, gave -9). Its floor division divides that multiple (div_floor_floating).
 
 
-def _div_trunc_float(a, b, q):
-    """trunc(a / b) (Note [Exact quotients]); q is a / b."""
-    fixed = jnp.round((a - jnp.fmod(a, b)) / b)
-    return jnp.where(jnp.isfinite(q), jnp.copysign(fixed, q), q)
+def _div_trunc_float(a, b):
+    """trunc(a / b) of the correctly rounded quotient (Note [Exact quotients]). A bf16/fp16
+    quotient is rounded to its dtype first, as eager's kernel divides in it, unless `b` is one
+    element, which eager reads at float32 (Note [Scalar precision] in dispatch.py)."""
+    q = _true_divide(a, b)
+    out = out_dtype()
+    if out in (jnp.bfloat16, jnp.float16) and jnp.size(b) != 1:
+        q = q.astype(out).astype(q.dtype)
+    return jnp.trunc(q)
 
 
 def _div_floor_float(a, b):

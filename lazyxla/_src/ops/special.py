@@ -82,6 +82,14 @@ def _to_copy(
     return new_tensor(cast_value(read(state(x)), spec), spec, stride)
 
 
+_WRAPPED_NUMBER_DTYPES = {
+    bool: torch.bool,
+    int: torch.int64,
+    float: torch.float64,
+    complex: torch.complex128,
+}
+
+
 @traced("xla::copy_")
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if dst.device.type != DEVICE_TYPE:  # device → host copy into an existing CPU tensor
@@ -89,6 +97,8 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
         return dst
     if src is dst:
         return dst
+    if not isinstance(src, torch.Tensor):  # `t.copy_(3)`: a wrapped number, as eager takes it
+        src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES[type(src)])
     if src.device.type != DEVICE_TYPE:
         src = upload(src)
     _check_copy_shapes(dst.shape, src.shape)
