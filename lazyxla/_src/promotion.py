@@ -16,8 +16,9 @@ int8 0-d tensor failed to lower: jnp divides no bools). That dtype is the common
 result when an op computes a float from integer operands (true division, atan2:
 `promote_integer_inputs_to_float`, each operand converted from its own value, as in Note [Integer
 scalars of floating results]); float32 where eager's kernel reads a 0-d operand at the op math
-type (Note [Scalar precision] in dispatch.py: `other` of mul/div/floor_divide). A lifted Python
-scalar (a SCALAR leaf) was lifted at its dtype already.
+type (Note [Scalar precision] in dispatch.py: `other` of mul/div/floor_divide).
+A lifted Python scalar (a SCALAR leaf) was lifted at its dtype already. (An integer 0-d weight of
+a float lerp computed `1 - weight` in its integer dtype: uint8 200 weighed as 57.)
 """
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ PROMOTED_OPERANDS: dict[str, tuple[int, ...]] = {
     "aten::addcmul": (0, 1, 2),
     "aten::addcdiv": (0, 1, 2),
     "aten::where": (1, 2),
+    "aten::lerp": (0, 1, 2),
 }
-_OPMATH_OTHER = frozenset(("aten::mul", "aten::div", "aten::floor_divide"))
+# The operand eager's kernel reads at op math from its own value when it is a 0-d tensor (Note
+# [Scalar precision] in dispatch.py): mul/div/floor_divide's `other`. (lerp's weight is converted
+# to the common dtype: a float32 weight of a bf16 lerp is rounded to bf16 first.)
+_OPMATH_OPERAND = {"aten::mul": 1, "aten::div": 1, "aten::floor_divide": 1}
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
@@ -118,7 +123,7 @@ def zero_dim_casts(n: Node) -> tuple[tuple[int, Any], ...]:
     casts = []
     for p, dtype, zero_dim in tensors:
         target = common
-        if zero_dim and n.op in _OPMATH_OTHER and p == 1 and common in _REDUCED:
+        if zero_dim and _OPMATH_OPERAND.get(n.op) == p and common in _REDUCED:
             target = torch.float32  # read at op math from its own value
         if dtype != target:
             casts.append((p, jnp_dtype(target)))
