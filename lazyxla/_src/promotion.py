@@ -91,13 +91,45 @@ _OPMATH_OPERAND = {"aten::mul": 1, "aten::div": 1, "aten::floor_divide": 1}
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
+_FOREACH_TENSOR_OPS = frozenset(
+    "aten::_foreach_" + op
+    for op in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "clamp_min", "clamp_max")
+)
+
+
+def _foreach_casts(n: Node) -> tuple[tuple[int, Any], ...]:
+    """A foreach op's 0-d tensor `other` (`_foreach_mul_(grads, clip_coef)`), converted as each
+    single op of its loop converts it, when the list has one dtype (Note [Zero-dim operands])."""
+    if len(n.args) < 2 or type(n.args[1]) is not Ref or not isinstance(n.args[0], (list, tuple)):
+        return ()
+    node, k = n.inputs[n.args[1]]
+    spec = node.specs[k]
+    if spec.shape or node.op == SCALAR:
+        return ()
+    dtypes = {n.inputs[r][0].specs[n.inputs[r][1]].dtype for r in n.args[0] if type(r) is Ref}
+    if len(dtypes) != 1:
+        return ()
+    (dtype,) = dtypes
+    _, common = elementwise_dtypes(
+        torch.empty((1,), dtype=dtype, device="meta"),
+        torch.empty((), dtype=spec.dtype, device="meta"),
+        type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    )
+    result = n.specs[0].dtype if n.specs else common
+    if _floating(result) and not _floating(common):
+        common = result
+    if n.op in ("aten::_foreach_mul", "aten::_foreach_div") and common in _REDUCED:
+        common = torch.float32  # read at op math, as the single ops read it
+    return ((1, jnp_dtype(common)),) if spec.dtype != common else ()
+
+
 def zero_dim_casts(n: Node) -> tuple[tuple[int, Any], ...]:
     """(argument position, jnp dtype) for each tensor operand of `n` that eager converts to
     another dtype before computing, when one of them is a 0-d tensor (Note [Zero-dim operands]);
     () for most nodes."""
     positions = PROMOTED_OPERANDS.get(n.op)
     if positions is None:
-        return ()
+        return _foreach_casts(n) if n.op in _FOREACH_TENSOR_OPS else ()
     operands: list[Any] = []
     tensors: list[tuple[int, torch.dtype, bool]] = []  # (position, dtype, 0-d)
     for p in positions:

@@ -232,11 +232,27 @@ INPLACE = {
         BF16,
         lambda x, d: x.lerp_(x * 3, torch.tensor(0.3, device=d["device"])),
     ),
+    "_foreach_mul_ of float32 by a 0-d float64": (
+        torch.tensor([-46.1174, 26.6224, -30.9197, 25.8316, 7.0]),
+        lambda x, d: torch._foreach_mul_([x], torch.tensor(1 / 3, dtype=torch.float64, **_on(d))),
+    ),
+    "_foreach_mul_ of bf16 by a 0-d float32": (  # (7 * 0.3 and 7 * bf16(0.3) round apart)
+        torch.tensor([7.0, -1.5, 2.25, 3.0, 11.0], dtype=torch.bfloat16),
+        lambda x, d: torch._foreach_mul_([x], torch.tensor(0.3, **_on(d))),
+    ),
+    "_foreach_pow of int32 to the 200th": (
+        torch.tensor([3, -7, 12, 5, 2], dtype=torch.int32),
+        lambda x, d: x.copy_(torch._foreach_pow([x], 200)[0]),
+    ),
     "addcmul_ of int8 tensors into uint8, value 0.5": (
         U8,
         lambda x, d: x.addcmul_(I8.to(d["device"]), I8.to(d["device"]), value=0.5),
     ),
 }
+
+
+def _on(d: dict) -> dict:
+    return dict(device=d["device"])
 
 
 @pytest.mark.parametrize("case", list(INPLACE))
@@ -246,7 +262,10 @@ def test_in_place_and_out_ops_promote_like_eager(case):
     `value.to<scalar_t>()` does, not computed in float)."""
     start, op = INPLACE[case]
     ref = start.clone()
-    op(ref, dict(dtype=torch.int8, device="cpu"))
+    ref_out = op(ref, dict(dtype=torch.int8, device="cpu"))
     got = start.to(DEV)
-    op(got, dict(dtype=torch.int8, device=DEV))
-    assert got.dtype == ref.dtype and torch.equal(got.cpu(), ref), (got.cpu(), ref)
+    got_out = op(got, dict(dtype=torch.int8, device=DEV))
+    for r, g in ((ref, got), (ref_out, got_out)):  # the tensor written, and what the op returns
+        if isinstance(r, torch.Tensor):
+            assert g.dtype == r.dtype
+            torch.testing.assert_close(g.cpu(), r, rtol=0, atol=0, equal_nan=True)

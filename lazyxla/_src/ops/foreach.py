@@ -13,11 +13,11 @@ aten = torch.ops.aten
 _BINARY = {
     "add": ew.add,
     "sub": ew.sub,
-    "mul": lambda x, y: x * y,
+    "mul": ew._multiply,
     "div": lambda x, y: ew._div(x, y),
     "maximum": lambda x, y: jnp.maximum(x, y),
     "minimum": lambda x, y: jnp.minimum(x, y),
-    "pow": lambda x, y: jnp.power(x, y),
+    "pow": ew._power,  # (jnp.power of integers takes exponents below 64: 3 ** 200 was 3 ** 8)
     "clamp_min": lambda x, y: ew._clamp_below(x, y),  # Note [Clamp keeps x at a tie]
     "clamp_max": lambda x, y: ew._clamp_above(x, y),
 }
