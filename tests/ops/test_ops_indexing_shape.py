@@ -288,3 +288,25 @@ def test_slice_and_select_gradients_are_one_op(name, dtype):
     ops = {k for k in met.counter_names() if k.startswith("xla::")}
     assert ops & {"xla::slice_backward", "xla::select_backward"}
     assert not ops & {"xla::zeros", "xla::copy_", "xla::new_zeros"}, ops
+
+
+SOURCE_OF_ANOTHER_DTYPE = {
+    "index_add": lambda t, i, v: t.index_add(0, i, v),
+    "index_add_": lambda t, i, v: t.index_add_(0, i, v, alpha=2),
+    "index_copy": lambda t, i, v: t.index_copy(0, i, v),
+    "put": lambda t, i, v: t.put(i, v, accumulate=True),
+    "put_": lambda t, i, v: t.put_(i, v),
+}
+
+
+@pytest.mark.parametrize("name", list(SOURCE_OF_ANOTHER_DTYPE))
+def test_a_source_of_another_dtype_raises_eagers_error(name):
+    """Eager's kernels refuse it (their meta kernels do not check): lazyxla computed with a cast."""
+    op = SOURCE_OF_ANOTHER_DTYPE[name]
+    t, i, v = torch.zeros(6), torch.tensor([0, 2, 3, 5]), torch.ones(4, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError) as eager:
+        op(t, i, v)
+    with pytest.raises(RuntimeError) as lazy:
+        op(t.to(DEV), i.to(DEV), v.to(DEV))
+    assert str(lazy.value) == str(eager.value)
+    check(op, t, i, torch.arange(4.0), grad=False)  # the same dtype runs

@@ -7,6 +7,7 @@ import functools
 import jax.numpy as jnp
 import torch
 
+from ..meta import META_RULES, _dtype_name
 from .elementwise import _true_divide
 from .registry import is_const, lowering, to_opmath
 
@@ -386,3 +387,38 @@ def take(x, index):
     flat = x.reshape(-1)
     i = jnp.where(index < 0, index + flat.shape[0], index)
     return flat[i]
+
+
+# Eager's CPU kernels refuse a source of another dtype than `self` (their meta kernels do not
+# check, so a lazy call computed with a cast where eager raises), with eager's messages.
+def _same_dtype_meta(op, source_at: int, message) -> None:
+    def meta(x, *args, **kwargs):
+        source = args[source_at - 1]
+        if source.dtype != x.dtype:
+            raise RuntimeError(message(_dtype_name(x.dtype), _dtype_name(source.dtype)))
+        return op(x, *args, **kwargs)
+
+    META_RULES[op] = meta
+
+
+_same_dtype_meta(
+    aten.index_add.default,
+    3,
+    lambda s, src: f"index_add_(): self ({s}) and source ({src}) must have the same scalar type",
+)
+_same_dtype_meta(
+    aten.index_copy.default,
+    3,
+    lambda s, src: (
+        "index_copy_(): self and source expected to have the same dtype, but got "
+        f"(self) {s} and (source) {src}"
+    ),
+)
+_same_dtype_meta(
+    aten.put.default,
+    2,
+    lambda s, src: (
+        "put_(): self and source expected to have the same dtype, but got "
+        f"self.dtype = {s} and source.dtype = {src}"
+    ),
+)
