@@ -83,6 +83,7 @@ PROMOTED_OPERANDS: dict[str, tuple[int, ...]] = {
     "aten::addcdiv": (0, 1, 2),
     "aten::where": (1, 2),
     "aten::lerp": (0, 1, 2),
+    "aten::isin": (0, 1),  # (not pointwise: compared in result_type(elements, test_elements))
 }
 # The operand eager's kernel reads at op math from its own value when it is a 0-d tensor (Note
 # [Scalar precision] in dispatch.py): mul/div/floor_divide's `other`. (lerp's weight is converted

@@ -212,7 +212,7 @@ I8 = torch.tensor([1, -2, 3, -4, 5], dtype=torch.int8)
 # Powers whose bf16 results lie >= 0.12 ulp from a rounding boundary: eager's (exponent rounded
 # to bf16 first) and the float32 exponent's differ by an ulp, any CPU's pow by far less.
 BF16 = torch.tensor([4096.0, 65536.0, 2.0**-12, 1e6, 0.001], dtype=torch.bfloat16)
-INPLACE = {
+CASES = {
     "floor_divide_ by a 0-d int8": (U8, lambda x, d: x.floor_divide_(torch.tensor(-12, **d))),
     "maximum out= with a 0-d int8": (
         U8,
@@ -244,6 +244,10 @@ INPLACE = {
         torch.tensor([3, -7, 12, 5, 2], dtype=torch.int32),
         lambda x, d: x.copy_(torch._foreach_pow([x], 200)[0]),
     ),
+    "isin of uint8 elements and a 0-d int8": (
+        torch.tensor([244, 5, 12, 255], dtype=torch.uint8),
+        lambda x, d: torch.isin(x, torch.tensor(-12, **d)),
+    ),
     "addcmul_ of int8 tensors into uint8, value 0.5": (
         U8,
         lambda x, d: x.addcmul_(I8.to(d["device"]), I8.to(d["device"]), value=0.5),
@@ -255,12 +259,13 @@ def _on(d: dict) -> dict:
     return dict(device=d["device"])
 
 
-@pytest.mark.parametrize("case", list(INPLACE))
-def test_in_place_and_out_ops_promote_like_eager(case):
-    """In-place and out= forms of the cases above (Note [Zero-dim operands]), and a float value
-    of an integer op whose operands promote to another integer dtype (converted to it as eager's
-    `value.to<scalar_t>()` does, not computed in float)."""
-    start, op = INPLACE[case]
+@pytest.mark.parametrize("case", list(CASES))
+def test_zero_dim_operands_beyond_the_sweep_like_eager(case):
+    """0-d device operands (Note [Zero-dim operands]) of in-place and out= forms, foreach ops,
+    lerp's weight and isin; and a float value of an integer op whose operands promote to another
+    integer dtype (converted to it as eager's `value.to<scalar_t>()` does, not computed in
+    float)."""
+    start, op = CASES[case]
     ref = start.clone()
     ref_out = op(ref, dict(dtype=torch.int8, device="cpu"))
     got = start.to(DEV)
