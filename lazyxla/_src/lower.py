@@ -54,12 +54,7 @@ class Program:
                 refs = tuple((pos[id(i)], k) for i, k in n.inputs)
                 dtypes = tuple(jnp_dtype(s.dtype) for s in n.specs)
                 shapes = tuple(tuple(s.shape) for s in n.specs)
-                rule = n.rule
-                if n.op == "aten::add" and _adds_constant_zero(n):
-                    rule = _adding_zeros(rule)  # Note [Adding a constant zero]
-                casts = zero_dim_casts(n)
-                if casts:
-                    rule = converting(rule, casts)  # Note [Zero-dim operands]
+                rule = _eager_rule(n)
                 self.steps.append((OP, rule, refs, n.args, n.kwargs, dtypes, n.op, n.src, shapes))
                 marked = marked or n.op == "xla::mark_tensor"
         self.roots = roots
@@ -131,6 +126,16 @@ class Program:
             return outs
 
         return run
+
+
+def _eager_rule(n: Node) -> Callable[..., Any]:
+    """`n`'s lowering rule, with what its node needs to give eager's values: zero sums made +0.0
+    (Note [Adding a constant zero]), operands converted (Note [Zero-dim operands])."""
+    rule = n.rule
+    if n.op == "aten::add" and _adds_constant_zero(n):
+        rule = _adding_zeros(rule)
+    casts = zero_dim_casts(n)
+    return converting(rule, casts) if casts else rule
 
 
 # Note [Adding a constant zero]

@@ -86,16 +86,38 @@ PROMOTED_OPERANDS: dict[str, tuple[int, ...]] = {
     "aten::isin": (0, 1),  # (not pointwise: compared in result_type(elements, test_elements))
 }
 # The operand eager's kernel reads at op math from its own value when it is a 0-d tensor (Note
-# [Scalar precision] in dispatch.py): mul/div/floor_divide's `other`. (lerp's weight is converted
-# to the common dtype: a float32 weight of a bf16 lerp is rounded to bf16 first.)
-_OPMATH_OPERAND = {"aten::mul": 1, "aten::div": 1, "aten::floor_divide": 1}
+# [Scalar precision] in dispatch.py): mul/div/floor_divide's `other`, and so their foreach ops'.
+# (lerp's weight is converted to the common dtype: a float32 weight of a bf16 lerp is rounded.)
+_OPMATH_OPERAND = {
+    **{f"aten::{op}": 1 for op in ("mul", "div", "floor_divide")},
+    **{f"aten::_foreach_{op}": 1 for op in ("mul", "div")},
+}
 _REDUCED = (torch.bfloat16, torch.float16)
-
-
 _FOREACH_TENSOR_OPS = frozenset(
     "aten::_foreach_" + op
     for op in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "clamp_min", "clamp_max")
 )
+
+
+def _computed_in(operands: list[Any], result: torch.dtype) -> torch.dtype:
+    """The dtype eager converts `operands` (meta tensors, Python numbers) to: their common
+    dtype, or the float `result` of an op computing it from integers (true division, atan2)."""
+    _, common = elementwise_dtypes(
+        *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    )
+    return result if _floating(result) and not _floating(common) else common
+
+
+def _zero_dim_target(op: str, position: int, common: torch.dtype) -> torch.dtype:
+    """What a 0-d tensor operand at `position` converts to: `common`, or float32 where eager's
+    kernel reads it at op math."""
+    if _OPMATH_OPERAND.get(op) == position and common in _REDUCED:
+        return torch.float32
+    return common
+
+
+def _meta(spec: Any) -> torch.Tensor:
+    return torch.empty(spec.shape, dtype=spec.dtype, device="meta")
 
 
 def _foreach_casts(n: Node) -> tuple[tuple[int, Any], ...]:
@@ -107,21 +129,12 @@ def _foreach_casts(n: Node) -> tuple[tuple[int, Any], ...]:
     spec = node.specs[k]
     if spec.shape or node.op == SCALAR:
         return ()
-    dtypes = {n.inputs[r][0].specs[n.inputs[r][1]].dtype for r in n.args[0] if type(r) is Ref}
-    if len(dtypes) != 1:
+    specs = {n.inputs[r][0].specs[n.inputs[r][1]] for r in n.args[0] if type(r) is Ref}
+    if len({x.dtype for x in specs}) != 1:
         return ()
-    (dtype,) = dtypes
-    _, common = elementwise_dtypes(
-        torch.empty((1,), dtype=dtype, device="meta"),
-        torch.empty((), dtype=spec.dtype, device="meta"),
-        type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
-    )
-    result = n.specs[0].dtype if n.specs else common
-    if _floating(result) and not _floating(common):
-        common = result
-    if n.op in ("aten::_foreach_mul", "aten::_foreach_div") and common in _REDUCED:
-        common = torch.float32  # read at op math, as the single ops read it
-    return ((1, jnp_dtype(common)),) if spec.dtype != common else ()
+    common = _computed_in([_meta(next(iter(specs))), _meta(spec)], n.specs[0].dtype)
+    target = _zero_dim_target(n.op, 1, common)
+    return ((1, jnp_dtype(target)),) if spec.dtype != target else ()
 
 
 def zero_dim_casts(n: Node) -> tuple[tuple[int, Any], ...]:
@@ -140,24 +153,17 @@ def zero_dim_casts(n: Node) -> tuple[tuple[int, Any], ...]:
         if type(a) is Ref:
             node, k = n.inputs[a]
             spec = node.specs[k]
-            operands.append(torch.empty(spec.shape, dtype=spec.dtype, device="meta"))
+            operands.append(_meta(spec))
             if node.op != SCALAR:  # (a lifted scalar has its dtype already)
                 tensors.append((p, spec.dtype, not spec.shape))
         elif isinstance(a, (bool, int, float, complex)):
             operands.append(a)
     if not any(zero_dim for _, _, zero_dim in tensors):
         return ()
-    _, common = elementwise_dtypes(
-        *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
-    )
-    result = n.specs[0].dtype
-    if _floating(result) and not _floating(common):
-        common = result  # true division, atan2, ...: integers convert to the float result
+    common = _computed_in(operands, n.specs[0].dtype)
     casts = []
     for p, dtype, zero_dim in tensors:
-        target = common
-        if zero_dim and _OPMATH_OPERAND.get(n.op) == p and common in _REDUCED:
-            target = torch.float32  # read at op math from its own value
+        target = _zero_dim_target(n.op, p, common) if zero_dim else common
         if dtype != target:
             casts.append((p, jnp_dtype(target)))
     return tuple(casts)
