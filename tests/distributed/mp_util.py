@@ -36,11 +36,20 @@ def free_port() -> int:
 
 
 def start(
-    prog: str, rank: int, n: int, port: int, args=(), devices: int = 1, torchrun: bool = False
+    prog: str,
+    rank: int,
+    n: int,
+    port: int,
+    args=(),
+    devices: int = 1,
+    torchrun: bool = False,
+    init_timeout: int = 10,
 ) -> subprocess.Popen:
     """Process `rank` of a job of `n` started by hand (as on N hosts), through the environment."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-    env.update(CPU_NUM_DEVICES=str(devices), LAZYXLA_INIT_TIMEOUT="10", PYTHONUNBUFFERED="1")
+    env.update(
+        CPU_NUM_DEVICES=str(devices), LAZYXLA_INIT_TIMEOUT=str(init_timeout), PYTHONUNBUFFERED="1"
+    )
     if torchrun:  # torchrun's names; the coordinator takes MASTER_PORT + 1
         env.update(WORLD_SIZE=str(n), RANK=str(rank), MASTER_ADDR="localhost")
         env.update(MASTER_PORT=str(port - 1), LOCAL_RANK=str(rank))

@@ -1,5 +1,6 @@
-"""Cross-process collectives on 2 and 4 processes, each against NumPy (Note [Cross-process
-collectives]); the processes are started by `torch_xla.launch` under `lazyxla run`."""
+"""Cross-process collectives on 4 processes, each against NumPy (Note [Cross-process collectives]);
+the processes are started by `torch_xla.launch` under `lazyxla run`. Four processes hold every
+case two do (the full group) and the replica subgroups besides; a run of two took 11 s more."""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 from mp_util import run_launch
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [4])
 def test_every_collective_matches_numpy(tmp_path, n):
     run_launch("progs_collectives.py", n, [str(tmp_path)])
     summaries = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]

@@ -25,8 +25,8 @@ def test_a_rank_that_dies_ends_the_run_naming_it():
     assert "ProcessExitedError: process 1 of 2 ended with exit code 3" in proc.stderr
 
 
-def _start(rank: int, n: int, port: int, torchrun: bool = False):
-    return start("progs_join.py", rank, n, port, torchrun=torchrun)
+def _start(rank: int, n: int, port: int, torchrun: bool = False, init_timeout: int = 10):
+    return start("progs_join.py", rank, n, port, torchrun=torchrun, init_timeout=init_timeout)
 
 
 @pytest.mark.parametrize("torchrun", [False, True])
@@ -42,7 +42,8 @@ def test_processes_started_by_hand_join_through_the_environment(torchrun):
 
 def test_a_missing_process_is_a_clear_error_at_start():
     port = free_port()
-    procs = [_start(r, 3, port) for r in range(2)]  # a job of 3; the third never starts
+    # a job of 3 whose third process never starts: each waits its join timeout (4 s), then fails
+    procs = [_start(r, 3, port, init_timeout=4) for r in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=180)
         assert p.returncode != 0
