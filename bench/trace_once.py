@@ -187,8 +187,9 @@ def _lazy_limit(spec: dict) -> Callable[[], None]:
     record()
     cap = graph.Capture(graph.pending_states(None))
     exe = graph.compile_capture(cap)
+    scalars = cap.args()[-1]  # as an execution passes them (Note [Scalars seen again])
     lazyxla.sync(wait=True)
-    return lambda: jax.block_until_ready(exe(cap.data, cap.scalars))
+    return lambda: jax.block_until_ready(exe(cap.data, scalars))
 
 
 def main(argv: list[str] | None = None) -> None:

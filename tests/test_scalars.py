@@ -6,6 +6,7 @@ import random
 import struct
 import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -385,6 +386,29 @@ def test_each_lifted_scalar_is_its_own_argument():
     assert "tensor<3xf32>" not in signature and "tensor<6xf32>" not in signature
     for o, e in zip(out, update(ps), strict=True):
         assert bits_equal(o, e)
+
+
+def test_a_scalar_seen_again_is_passed_as_a_device_array_keyed_by_its_bits():
+    """Note [Scalars seen again]: a value passed to three executions is kept as a device array and
+    passed as it from then on. The key is the value's dtype and bits: after 0.0 and float16 0.25
+    are kept, -0.0 and the bfloat16 with 0.25's bits still reach their programs as themselves."""
+    from lazyxla._src import graph
+
+    graph._SCALARS.__init__()  # (no value kept from earlier tests)
+    h = torch.tensor([1.5, -2.5], dtype=torch.float16)
+    b = torch.tensor([1.5, -2.5], dtype=torch.bfloat16)
+    hd, bd = h.to(dev), b.to(dev)
+    same_bits = torch.tensor(0x3400, dtype=torch.int16).view(torch.bfloat16).item()
+    for _ in range(4):
+        assert bits_equal(torch.full((3,), 0.0, device=dev), torch.full((3,), 0.0))
+        assert bits_equal(hd + 0.25, h + 0.25)
+    assert set(graph._SCALARS.kept) >= {
+        (np.float32, np.float32(0.0).tobytes()),
+        (np.float16, np.float16(0.25).tobytes()),
+    }
+    assert bits_equal(torch.full((3,), -0.0, device=dev), torch.full((3,), -0.0))
+    assert bits_equal(bd + same_bits, b + same_bits)
+    assert bits_equal(hd + 0.25, h + 0.25)  # (passed as its kept array)
 
 
 @pytest.mark.parametrize(
