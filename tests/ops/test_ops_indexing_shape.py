@@ -310,3 +310,30 @@ def test_a_source_of_another_dtype_raises_eagers_error(name):
         op(t.to(DEV), i.to(DEV), v.to(DEV))
     assert str(lazy.value) == str(eager.value)
     check(op, t, i, torch.arange(4.0), grad=False)  # the same dtype runs
+
+
+UNIT_VALUES = [0, 1, 0.0, 1.0, True, False]
+PUT_A_CPU_VALUE = {
+    "setitem mask": lambda t, m, i, v: t.__setitem__(m, v),
+    "setitem index": lambda t, m, i, v: t.__setitem__(i, v.to(t.dtype)),
+    "index_put_ mask": lambda t, m, i, v: t.index_put_((m,), v),
+    "index_put_ index": lambda t, m, i, v: t.index_put_((i,), v.to(t.dtype)),
+    "index_put_ accumulate": lambda t, m, i, v: t.index_put_((i,), v.to(t.dtype), True),
+}
+
+
+@pytest.mark.parametrize("name", list(PUT_A_CPU_VALUE))
+def test_a_cpu_0d_value_of_0_or_1_is_put_as_eager_puts_it(name):
+    """A 0-d CPU tensor of 0 or 1 reaches the graph as a number baked into the node (as torch_xla
+    bakes them), not an input: index_put's lowering failed on it (`x[mask] = torch.tensor(0)`)."""
+    op = PUT_A_CPU_VALUE[name]
+    for value in UNIT_VALUES:
+        for dtype in (None, torch.float64):
+            v = torch.tensor(value, dtype=dtype)
+            t = torch.arange(6.0).reshape(2, 3)
+            m, i = t > 2, torch.tensor([1, 0])
+            want = t.clone()
+            op(want, m, i, v)
+            got = t.to(DEV)
+            op(got, m.to(DEV), i.to(DEV), v)
+            assert torch.equal(got.cpu(), want), (value, dtype)
