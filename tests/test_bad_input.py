@@ -84,6 +84,18 @@ def test_cpu_tensor_that_requires_grad_is_refused_like_cuda():
     torch.testing.assert_close(x.grad.cpu(), w.detach())
 
 
+def test_writing_a_cpu_tensor_from_lazy_operands_is_refused_like_cuda():
+    """`out=` a CPU tensor (or an in-place op on one) with a lazyxla operand: the same-device
+    error CUDA gives, saying what to move, not an internal 'no lazyxla state'."""
+    x = torch.tensor(2.0).to(DEV)
+    out = torch.tensor(0.0)
+    with pytest.raises(
+        RuntimeError, match="same device.*CPU tensor of shape \\(\\).*jax:0.*to\\(lazyxla"
+    ):
+        torch.mul(x, 3, out=out)
+    assert out.item() == 0.0  # untouched
+
+
 @pytest.mark.parametrize(
     "dst,src", [((32, 4, 32), (32, 2, 32)), ((3,), (1, 3)), ((3,), (2, 3)), ((2, 3), (3,))]
 )

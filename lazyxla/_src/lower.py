@@ -7,6 +7,7 @@ Outputs are cast to the dtypes PyTorch's meta kernels computed at record time.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -129,13 +130,65 @@ class Program:
 
 
 def _eager_rule(n: Node) -> Callable[..., Any]:
-    """`n`'s lowering rule, with what its node needs to give eager's values: zero sums made +0.0
-    (Note [Adding a constant zero]), operands converted (Note [Zero-dim operands])."""
+    """`n`'s lowering rule, with what its node needs to give eager's values: numbers in tensor
+    slots as arrays (Note [Numbers in tensor slots]), zero sums made +0.0 (Note [Adding a constant
+    zero]), operands converted (Note [Zero-dim operands])."""
     rule = n.rule
+    if n.aten is not None:
+        rule = _numbers_as_arrays(n, rule)
     if n.op == "aten::add" and _adds_constant_zero(n):
         rule = _adding_zeros(rule)
     casts = zero_dim_casts(n)
     return converting(rule, casts) if casts else rule
+
+
+# Note [Numbers in tensor slots]
+# A 0-d CPU tensor of 0 or 1 (or a bool) in a Tensor argument is baked into its node as a Python
+# number (`Recorder.tensor` in dispatch.py, as torch_xla bakes its units), so a rule meets a number
+# where it expects an array: `x[mask] = torch.tensor(0)`, `x.gather(0, torch.tensor(1))`,
+# `torch.igamma(x, torch.tensor(1.))` failed to lower (`'int' object has no attribute 'reshape'`;
+# probing OpInfo's samples with such operands found 14 ops, and their in-place and out= forms).
+# The interpreter hands the rule a weakly typed 0-d array in its place: it promotes as the number
+# did, and has an array's methods. The node's aten overload (`Node.aten`; an in-place op's node
+# calls its functional twin) says which arguments are tensors.
+_NUMBERS = (bool, int, float)
+
+
+@functools.cache
+def _tensor_slots(op: Any) -> tuple[tuple[int, ...], frozenset[str]]:
+    """Where a node of aten overload `op` holds tensors: positions in its arguments (schema
+    order, keyword-only ones apart) and names of its keyword-only arguments."""
+    positions, names, i = [], set(), 0
+    for a in op._schema.arguments:
+        tensor = str(a.type) in ("Tensor", "Optional[Tensor]")
+        if a.kwarg_only:
+            if tensor:
+                names.add(a.name)
+        else:
+            if tensor:
+                positions.append(i)
+            i += 1
+    return tuple(positions), frozenset(names)
+
+
+def _numbers_as_arrays(n: Node, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """`rule`, given a 0-d array for each number in a tensor slot of `n` (Note [Numbers in
+    tensor slots])."""
+    positions, names = _tensor_slots(n.aten)
+    at = [p for p in positions if p < len(n.args) and type(n.args[p]) in _NUMBERS]
+    named = [k for k, v in n.kwargs if k in names and type(v) in _NUMBERS]
+    if not at and not named:
+        return rule
+
+    def arrays(*args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        for p in at:
+            args[p] = jnp.asarray(args[p])
+        for k in named:
+            kwargs[k] = jnp.asarray(kwargs[k])
+        return rule(*args, **kwargs)
+
+    return arrays
 
 
 # Note [Adding a constant zero]

@@ -680,6 +680,13 @@ def state(t: torch.Tensor) -> LazyState:
     try:
         return t.untyped_storage()._lx
     except AttributeError:
+        if t.device.type == "cpu":  # (an op writing a CPU tensor from lazyxla operands)
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found a CPU tensor of shape "
+                f"{tuple(t.shape)} where a {DEVICE_TYPE}:0 one was expected (an in-place or out= "
+                f"write to a CPU tensor from lazyxla tensors?): move it with "
+                f".to(lazyxla.device()) first"
+            ) from None
         raise RuntimeError(
             f"tensor of shape {tuple(t.shape)} on {t.device} has no lazyxla state; it was not "
             "created by lazyxla (e.g. an uninitialized storage from another backend)"

@@ -337,3 +337,35 @@ def test_a_cpu_0d_value_of_0_or_1_is_put_as_eager_puts_it(name):
             got = t.to(DEV)
             op(got, m.to(DEV), i.to(DEV), v)
             assert torch.equal(got.cpu(), want), (value, dtype)
+
+
+# (t: a lazy tensor, u: a 0-d CPU tensor of 0 or 1; ops whose lowering failed on it)
+UNIT_IN_A_TENSOR_SLOT = {
+    "gather index": lambda t, u: t[0, 0].gather(0, u.long() * 0),
+    "igamma": lambda t, u: torch.igamma(t.abs() + 0.5, u.float()),
+    "igammac": lambda t, u: torch.igammac(u.float() + 0.5, t.abs()),
+    "xlog1py": lambda t, u: torch.special.xlog1py(t, u.float()),
+    "zeta": lambda t, u: torch.special.zeta(t.abs() + 1.5, u.float() + 1),
+    "select_scatter": lambda t, u: torch.select_scatter(t[0], u.float(), 0, 1),
+    "as_strided_scatter": lambda t, u: torch.as_strided_scatter(t, u.float(), (), (), 4),
+    "scatter_add": lambda t, u: t[0, 0].scatter_add(0, u.long() * 0, u.float()),
+    "put": lambda t, u: t.put(u.long(), u.float()),
+    "complex": lambda t, u: torch.complex(t, u.float()),
+    "dropout backward": lambda t, u: torch.ops.aten.native_dropout_backward(t, u.bool(), 2.0),
+    "igamma_": lambda t, u: (t.abs() + 0.5).igamma_(u.float()),
+    "put_": lambda t, u: t.put_(u.long(), u.float()),
+    "gather out=": lambda t, u: torch.gather(t[0, 0], 0, u.long() * 0, out=t[1, 0]),
+}
+
+
+@pytest.mark.parametrize("name", list(UNIT_IN_A_TENSOR_SLOT))
+def test_a_cpu_0d_unit_in_a_tensor_argument_computes_as_eager(name):
+    """Note [Numbers in tensor slots]: the baked number reaches the rule as a 0-d array."""
+    op = UNIT_IN_A_TENSOR_SLOT[name]
+    t = torch.arange(6.0).reshape(2, 3) - 2.5
+    for value in (0, 1):
+        u = torch.tensor(value)
+        want = op(t, u)
+        got = op(t.to(DEV), u).cpu()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True)

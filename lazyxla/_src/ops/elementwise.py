@@ -881,7 +881,8 @@ def polar(r, theta):
 
 @lowering(aten.complex.default)
 def complex_(re, im):
-    return lax.complex(*jnp.broadcast_arrays(re, im))
+    dt = jnp.result_type(re, im)  # (a weakly typed 0-d part takes the other's dtype)
+    return lax.complex(*(a.astype(dt) for a in jnp.broadcast_arrays(re, im)))
 
 
 @lowering(aten._conj_physical.default)  # conj_physical is composite: it calls this for complex x

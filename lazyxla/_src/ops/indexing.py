@@ -99,9 +99,6 @@ def _mask_put(x, indices, values, accumulate):
 
 @lowering(aten.index_put.default)
 def index_put(x, indices, values, accumulate=False):
-    # A CPU 0-d value of 0 or 1 (`x[i] = torch.tensor(0.)`) arrives as a number baked into the
-    # node (`dispatch._is_unit`, as torch_xla bakes them), not as an array
-    values = jnp.asarray(values)
     if any(i is not None and i.dtype == jnp.bool_ for i in indices):
         return _mask_put(x, indices, values, accumulate)
     idx = _index_tuple(x, indices)
