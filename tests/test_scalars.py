@@ -392,9 +392,9 @@ def test_a_scalar_seen_again_is_passed_as_a_device_array_keyed_by_its_bits():
     """Note [Scalars seen again]: a value passed to three executions is kept as a device array and
     passed as it from then on. The key is the value's dtype and bits: after 0.0 and float16 0.25
     are kept, -0.0 and the bfloat16 with 0.25's bits still reach their programs as themselves."""
-    from lazyxla._src import graph
+    from lazyxla._src import runtime
 
-    graph._SCALARS.__init__()  # (no value kept from earlier tests)
+    runtime.KEPT_SCALARS.__init__()  # (no value kept from earlier tests)
     h = torch.tensor([1.5, -2.5], dtype=torch.float16)
     b = torch.tensor([1.5, -2.5], dtype=torch.bfloat16)
     hd, bd = h.to(dev), b.to(dev)
@@ -402,7 +402,7 @@ def test_a_scalar_seen_again_is_passed_as_a_device_array_keyed_by_its_bits():
     for _ in range(4):
         assert bits_equal(torch.full((3,), 0.0, device=dev), torch.full((3,), 0.0))
         assert bits_equal(hd + 0.25, h + 0.25)
-    assert set(graph._SCALARS.kept) >= {
+    assert set(runtime.KEPT_SCALARS.kept) >= {
         (np.float32, np.float32(0.0).tobytes()),
         (np.float16, np.float16(0.25).tobytes()),
     }

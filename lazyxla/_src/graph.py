@@ -185,64 +185,10 @@ def _held_data() -> set[int]:
 # by that offset alone, and XLA:CPU, which compiles each distinct kernel once, compiled hundreds
 # (a 16-layer decoder's AdamW step: 380 kernels, 5.7 s). As arguments, they share kernels. The
 # cost is the executable call's per-argument conversion, ~3 us a scalar on this CPU, ~0.5 us for a
-# value passed as a device array (Note [Scalars seen again]). Unpacking the vector first, behind
-# an optimization barrier, keeps the kernels shared but makes each element's slice a kernel of
-# its own, again distinct by offset: 200 slices compiled in 1.5 s, and the 16-layer decoder's
-# first compile went from 3.9 to 7.1 s.
-
-
-# Note [Scalars seen again]
-# Most lifted scalars have the same value step after step: a learning rate, an optimizer's betas
-# and epsilon, a decomposition's constants (a Llama training step: 100 of its 121 scalars). The
-# executable converts a numpy scalar argument on every call (~3 us); a device array it takes as
-# it is (~0.5 us). So a value passed to three different executions is put on the device once and
-# passed as that array from then on (a Llama step's executable call: 0.88 ms -> 0.71). Values
-# are keyed by dtype and bytes (0.0 and -0.0 differ, a NaN matches its own bits). A value that
-# changes every step (Adam's bias corrections, passed once or twice a step) is never put, which
-# would cost ~30 us: its sightings cost only a dict entry, and both tables are bounded.
-# Single-device runs only: an SPMD program or one across processes places its arguments itself.
-
-
-class _ScalarArrays:
-    """Device arrays of scalar values seen in earlier executions (Note [Scalars seen again])."""
-
-    LIMIT = 4096
-    RUNS = 3  # executions a value is passed to before it gets its own device array
-
-    def __init__(self) -> None:
-        self.kept: dict[tuple, jax.Array] = {}
-        self.seen: dict[tuple, tuple[int, int]] = {}  # value -> (executions, the last one)
-        self.execution = 0
-
-    def arrays(self, values: list[np.generic]) -> list[Any]:
-        """The arguments of an execution for `values`: each value's device array if it has one,
-        else the value itself."""
-        self.execution = g = self.execution + 1
-        kept, seen = self.kept, self.seen
-        out: list[Any] = []
-        for v in values:
-            key = (type(v), v.tobytes())  # (a numpy scalar's type names its dtype)
-            a = kept.get(key)
-            if a is None:
-                a = v
-                mark = seen.get(key)
-                if mark is None:
-                    if len(seen) >= self.LIMIT:
-                        seen.clear()
-                    seen[key] = (1, g)
-                elif mark[1] != g:
-                    if mark[0] + 1 < self.RUNS:
-                        seen[key] = (mark[0] + 1, g)
-                    else:
-                        del seen[key]
-                        if len(kept) >= self.LIMIT:
-                            kept.clear()
-                        a = kept[key] = jax.device_put(v, runtime.default_device())
-            out.append(a)
-        return out
-
-
-_SCALARS = _ScalarArrays()
+# value passed as a device array (Note [Scalars seen again], runtime.py). Unpacking the vector
+# first, behind an optimization barrier, keeps the kernels shared but makes each element's slice
+# a kernel of its own, again distinct by offset: 200 slices compiled in 1.5 s, and the 16-layer
+# decoder's first compile went from 3.9 to 7.1 s.
 
 
 def _scalar_vector(values: list[Any], dt: np.dtype) -> np.ndarray:
@@ -407,7 +353,7 @@ class Capture:
         """The executable's arguments: (donated data, kept data, scalars) or (data, scalars)."""
         scalars = self.scalars
         if scalars and not self.replicas and not spmd():  # Note [Scalars seen again]
-            scalars = _SCALARS.arrays(scalars)
+            scalars = runtime.KEPT_SCALARS.arrays(scalars)
         if not any(self.donate):
             args: tuple = (self.data, scalars)
         else:
