@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -299,6 +299,12 @@ def _first_tensor(vals: list[Any], specs: list[ArgSpec]) -> torch.Tensor | None:
         if s.kind == TENSOR and isinstance(v, torch.Tensor):
             return v
     return None
+
+
+def node_aten(op: OpOverload, lw: Lowering, kinds: Iterable[int]) -> OpOverload | None:
+    """The overload a node's arguments call in schema order (`Node.aten`): `op`, unless the
+    node leaves a generator out or adds a random key."""
+    return None if lw.random or GENERATOR in kinds else op
 
 
 def record(

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, Ref
+from .meta import OPT_TENSOR, TENSOR, ArgSpec
 from .ops.registry import _out_dtypes, is_const
 from .promotion import converting, zero_dim_casts
 from .runtime import jnp_dtype
@@ -160,7 +161,7 @@ def _tensor_slots(op: Any) -> tuple[tuple[int, ...], frozenset[str]]:
     order, keyword-only ones apart) and names of its keyword-only arguments."""
     positions, names, i = [], set(), 0
     for a in op._schema.arguments:
-        tensor = str(a.type) in ("Tensor", "Optional[Tensor]")
+        tensor = ArgSpec(a, None).kind in (TENSOR, OPT_TENSOR)
         if a.kwarg_only:
             if tensor:
                 names.add(a.name)

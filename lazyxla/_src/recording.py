@@ -30,12 +30,12 @@ from .dispatch import (
     _op_name,
     _trace,
     _wrap_outputs,
+    node_aten,
     record,
 )
 from .ir import NODE_CODE_GLOBALS, Node, TensorSpec, node_code
 from .ir import SCALAR as _SCALAR_OP
 from .meta import (
-    GENERATOR,
     OPT_TENSOR,
     SCALAR,
     SCALAR_LIST,
@@ -603,9 +603,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     ]
     kinds = tuple(s.kind for s in specs)
     planned = not lw.random and _FAST_KINDS.issuperset(kinds)
-    # The node's arguments call `op` in schema order unless a generator is left out or a key
-    # added (Node.aten).
-    aten = None if lw.random or GENERATOR in kinds else op
+    aten = node_aten(op, lw, kinds)
     stores = name in STORES_SCALAR
     plans: dict[tuple, _Plan | None] = {}
     check = per_call_check(op)

@@ -345,6 +345,9 @@ def check_fits(exe: Any, largest_output: int) -> None:
 # changes every step (Adam's bias corrections, passed once or twice a step) is never put, which
 # would cost ~30 us: its sightings cost only a dict entry, and both tables are bounded.
 # Single-device runs only: an SPMD program or one across processes places its arguments itself.
+# Apart from the device data cache (Note [Device data cache]): that one holds what a tensor
+# uploads, on first use, and may be read through a donated input; these are admitted after three
+# runs, are never donated (scalars are not among a graph's donated arguments), and are more.
 
 
 class _ScalarArrays:

@@ -15,10 +15,9 @@ import torch
 from torch._ops import OpOverload
 
 from . import metrics
-from .dispatch import _counter_name, _dtype_arg, _op_name, _trace, emit, record
+from .dispatch import _counter_name, _dtype_arg, _op_name, _trace, emit, node_aten, record
 from .ir import Node, Ref, TensorSpec
 from .meta import (
-    GENERATOR,
     OPT_TENSOR,
     OPT_TENSOR_LIST,
     SCALAR_LIST,
@@ -240,13 +239,9 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     )
     if len(resized) != 1 or len(writes) != 1:
         dtype_slot = None
-    # The node's arguments call `functional` in schema order (Node.aten), as a functional
-    # kernel's node calls its op, unless a generator is left out or a key added
-    node_aten = (
-        None
-        if lw.random or foreach or reshapes or any(s.kind == GENERATOR for s in fspecs)
-        else functional
-    )
+    # The node's arguments call `functional` in schema order, as a functional kernel's do (a
+    # foreach node's outputs are lists; a reshaping op records no node)
+    aten = None if foreach or reshapes else node_aten(functional, lw, [s.kind for s in fspecs])
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if reshapes and not hasattr(args[0].untyped_storage(), "_lx"):
@@ -302,7 +297,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
         # The results are written straight from the node's outputs: no lazy tensor is made for
         # a value only written into another (Adam's foreach ops: 1/4 of their recording time).
         node, out = record(
-            name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg, wrap=False, aten=node_aten
+            name, lw, fspecs, vals, out_struct, dtype_arg=dtype_arg, wrap=False, aten=aten
         )
         if len(writes) == 1 and not specs[writes[0]].is_list_write:
             _write_value(vals[writes[0]], (node, out if isinstance(out, int) else out[0]))
