@@ -149,6 +149,36 @@ _CHECKED_SCALARS = STORES_SCALAR | {"aten::scalar_tensor", "aten::index_fill", "
 # (`uint8_t.masked_fill(m, torch.tensor(300))` raises; `fill_(torch.tensor(300))` wraps).
 _CHECKED_TENSOR_VALUES = frozenset(("aten::masked_fill", "aten::index_fill"))
 
+# Note [Index operands keep their dtype]
+# A 0-d CPU tensor is lifted at its promotion with the op's first lazy tensor: an operand of a
+# pointwise op computes in the common dtype (Note [Integer scalars of floating results]). An
+# index does not promote: `F.embedding(torch.tensor(5), w)`, `w.index_select(0, torch.tensor(5))`,
+# `F.nll_loss(logp, torch.tensor(3))` read it as an integer whatever `w`'s dtype. Lifted as float
+# (5.0), it failed to lower ("indices must have an integer type"), where eager computes. So an
+# argument that holds indices (by its schema name; `target` only in losses whose target is a
+# class index) is lifted at its own dtype. (A unit, 0 or 1, is baked either way.)
+_INDEX_ARGS = frozenset(
+    (
+        "index",
+        "indices",
+        "offsets",
+        "offset2bag",
+        "repeats",
+        "lengths",
+        "input_lengths",
+        "target_lengths",
+        "targets",
+        "sorter",
+        "tensor_indices_or_sections",
+    )
+)
+
+
+def _is_index_arg(op: str, arg: str) -> bool:
+    if arg == "target":
+        return "nll_loss" in op or op.startswith(("aten::multi_margin", "aten::multilabel_margin"))
+    return arg in _INDEX_ARGS
+
 
 def _check_fits(v: Any, dtype: torch.dtype) -> None:
     """Raise eager's error if `v` does not convert to the integer `dtype` (`uint8_t.fill_(300)`:
@@ -206,7 +236,8 @@ class Recorder:
         self.checked = op in _CHECKED_SCALARS
         self.checked_values = op in _CHECKED_TENSOR_VALUES
 
-    def tensor(self, t: Any) -> Any:
+    def tensor(self, t: Any, index: bool = False) -> Any:
+        """`t`'s node input; `index`: it holds indices (Note [Index operands keep their dtype])."""
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):  # a Python number in a Tensor slot (wrapped number)
@@ -216,7 +247,7 @@ class Recorder:
             self.inputs.append(read(state(t)))
             return Ref(len(self.inputs) - 1)
         if t.dim() == 0:
-            dtype = self._promoted(t) if self.ref is not None else t.dtype
+            dtype = self._promoted(t) if self.ref is not None and not index else t.dtype
             value = t.item()
             if self.checked_values and self.ref is not None:
                 _check_fits(value, self.ref.dtype)
@@ -333,9 +364,10 @@ def record(
     for s, v in zip(specs, vals):
         k = s.kind
         if k == TENSOR or k == OPT_TENSOR:
-            x = rec.tensor(v)
+            x = rec.tensor(v, _is_index_arg(name, s.name))
         elif k == TENSOR_LIST or k == OPT_TENSOR_LIST:
-            x = tuple(rec.tensor(t) for t in v)
+            index = _is_index_arg(name, s.name)
+            x = tuple(rec.tensor(t, index) for t in v)
         elif k == SCALAR:
             x = rec.lift(v, lift_dtype)
         elif k == SCALAR_LIST:

@@ -600,9 +600,7 @@ def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
     outer = getattr(_meta_hint, "cpu", False)
     _meta_hint.cpu = op not in _ACCELERATOR_META  # Note [Meta kernels see a CPU]
     try:
-        if rule is not None:
-            return rule(*args, **kwargs)
-        return _run_meta(_callable(op, specs, vals), args, kwargs)
+        return _run_meta(rule or _callable(op, specs, vals), args, kwargs)
     finally:
         _meta_hint.cpu = outer
 

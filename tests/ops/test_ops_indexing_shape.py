@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from util import DEV, check
 
 
@@ -369,3 +370,41 @@ def test_a_cpu_0d_unit_in_a_tensor_argument_computes_as_eager(name):
         got = op(t.to(DEV), u).cpu()
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+# (w: a lazy (8, 4) float tensor, i: a 0-d integer index)
+AN_INDEX_OF_ANOTHER_DTYPE = {
+    "embedding": lambda w, i: F.embedding(i, w),
+    "nll_loss": lambda w, i: F.nll_loss(w[0].log_softmax(0), i % 4),
+    "cross_entropy": lambda w, i: F.cross_entropy(w[0], i % 4),
+    "multi_margin_loss": lambda w, i: F.multi_margin_loss(w[0], i % 4),
+    "index_select": lambda w, i: w.index_select(0, i),
+    "index_select 1-d": lambda w, i: w[:, 0].index_select(0, i),
+    "gather": lambda w, i: w[:, 0].gather(0, i),
+    "take": lambda w, i: w.take(i),
+    "index_fill": lambda w, i: w.index_fill(0, i, 2.0),
+    "index_put_": lambda w, i: w.clone().index_put_((i,), torch.tensor(7.0)),
+    "index_add": lambda w, i: w.index_add(0, i, w[:1]),
+    "index_copy": lambda w, i: w.index_copy(0, i, w[:1] * 2),
+    "index_reduce": lambda w, i: w.index_reduce(0, i, w[:1] * 2, "amax"),
+}
+
+
+@pytest.mark.parametrize("where", ["cpu", "lazy"])
+@pytest.mark.parametrize("name", list(AN_INDEX_OF_ANOTHER_DTYPE))
+def test_a_0d_index_is_read_as_an_integer(name, where):
+    """Note [Index operands keep their dtype]: a 0-d CPU index (not 0 or 1, which are baked) was
+    lifted at its promotion with the float operand and failed to lower; a 0-d index, CPU or lazy,
+    selects as a 1-element one (index_select keeps the dim, gather of a 1-d tensor is 0-d)."""
+    op = AN_INDEX_OF_ANOTHER_DTYPE[name]
+    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.int64, torch.int32):
+        i = torch.tensor(5, dtype=dtype)
+        try:
+            want = op(w, i)
+        except (RuntimeError, IndexError):  # (an int32 index where eager takes int64 only)
+            assert dtype == torch.int32
+            continue
+        got = op(w.to(DEV), i if where == "cpu" else i.to(DEV)).cpu()
+        assert got.dtype == want.dtype and got.shape == want.shape, (dtype, got.shape)
+        torch.testing.assert_close(got, want)

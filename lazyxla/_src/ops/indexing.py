@@ -125,13 +125,16 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 def index_select(x, dim, index):
     if x.ndim == 0:
         return x
-    return jnp.take(x, index, axis=_d(dim, x.ndim) if x.ndim else None)
+    # (a 0-d index selects as a 1-element one: the dim is kept, of size 1)
+    return jnp.take(x, index.reshape(-1), axis=_d(dim, x.ndim))
 
 
 @lowering(aten.gather.default)
 def gather(x, dim, index, sparse_grad=False):
     if x.ndim == 0:
         return x.reshape(index.shape)
+    if index.ndim == 0:  # (of a 1-d x: one element, read as a 0-d result)
+        return gather(x, dim, index.reshape(1)).reshape(())
     d = _d(dim, x.ndim)
     # PyTorch allows index.size(i) <= x.size(i) for i != dim: only that corner is read.
     x = x[tuple(slice(None) if i == d else slice(0, s) for i, s in enumerate(index.shape))]
@@ -280,7 +283,7 @@ def index_add(x, dim, index, source, alpha=1):
         return x + (jnp.sum(source) * alpha).astype(x.dtype)
     d = _d(dim, x.ndim)
     idx = [slice(None)] * x.ndim
-    idx[d] = index
+    idx[d] = index.reshape(-1)  # (a 0-d index adds as a 1-element one)
     src = source.reshape(x.shape[:0] + source.shape) if source.ndim else source
     rest = x.shape[:d] + x.shape[d + 1 :]
     if (
@@ -300,7 +303,7 @@ def index_copy(x, dim, index, source):
         return source.reshape(()).astype(x.dtype)
     dim = _d(dim, x.ndim)
     idx = [slice(None)] * x.ndim
-    idx[dim] = index
+    idx[dim] = index.reshape(-1)  # (a 0-d index copies as a 1-element one)
     return x.at[tuple(idx)].set(source.astype(x.dtype))
 
 
@@ -320,6 +323,7 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         x, source, dim = x.reshape(1), source.reshape(1), 0
         return index_reduce(x, dim, index.reshape(1), source, reduce, include_self=include_self)[0]
     d = _d(dim, x.ndim)
+    index = index.reshape(-1)  # (a 0-d index reduces as a 1-element one)
     xm, sm = jnp.moveaxis(x, d, 0), jnp.moveaxis(source.astype(x.dtype), d, 0)
     floating = jnp.issubdtype(x.dtype, jnp.floating)
     if reduce in ("prod", "mean"):
