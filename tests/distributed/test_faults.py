@@ -92,6 +92,14 @@ def test_an_inconsistent_environment_is_a_clear_error():
     assert "LAZYXLA_NUM_PROCESSES=2 but this process's id is 5" in err, err[-3000:]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["CPU_NUM_DEVICES"] = "2"
@@ -116,7 +124,13 @@ def test_ctrl_c_stops_every_process(tmp_path):
         pids = [int(p.read_text()) for p in tmp_path.glob("pid*") if p.read_text()]
     assert len(pids) == 2, parent.stderr.read().decode()[-3000:] if parent.poll() else "no pids"
     parent.send_signal(signal.SIGINT)
-    parent.communicate(timeout=60)
+    try:
+        parent.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        _, err = parent.communicate()
+        alive = [pid for pid in pids if _alive(pid)]
+        pytest.fail(f"the launcher did not stop; children alive: {alive}\n{err.decode()[-3000:]}")
     assert parent.returncode == 130  # `lazyxla run`'s status for KeyboardInterrupt
     time.sleep(1)
     for pid in pids:
