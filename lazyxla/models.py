@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,18 +24,25 @@ __all__ = ["MLP", "Attention", "Decoder", "DecoderConfig", "DecoderBlock", "SwiG
 
 
 class MLP(nn.Module):
-    """`depth` Linear(width, width) layers with ReLU between them (4 x 512 by default)."""
+    """`depth` Linear(width, width) layers with `activation` (ReLU by default) between them
+    (4 x 512 by default)."""
 
-    def __init__(self, width: int = 512, depth: int = 4) -> None:
+    def __init__(
+        self,
+        width: int = 512,
+        depth: int = 4,
+        activation: Callable[[torch.Tensor], torch.Tensor] = F.relu,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the layers, with ReLU after all but the last."""
+        """Apply the layers, with the activation after all but the last."""
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < len(self.layers) - 1:
-                x = F.relu(x)
+                x = self.activation(x)
         return x
 
 

@@ -149,6 +149,11 @@ def _mp_fn(index, out_dir):
         "rendezvous": [b.decode() for b in xm.rendezvous("tag", f"r{rank}".encode())],
         "mesh_reduce": xm.mesh_reduce("sum", rank + 1, sum),
     }
+    if n == 4:  # subgroups of the same processes (a launch of its own cost ~20 s)
+        import progs_groups
+
+        progs_groups.main(index)
+        summary["groups"] = True
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(summary, f)
 

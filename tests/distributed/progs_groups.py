@@ -1,9 +1,10 @@
 """Collectives over process subgroups of the `xla` backend (run by test_collectives.py).
 
-`python progs_groups.py` under `CPU_NUM_DEVICES=4`: every process makes the row groups [0, 1],
-[2, 3] and the column groups [0, 2], [1, 3] of a 2x2 mesh (`pg_options` asks torch_xla's
-inference for the rest of the mesh, Note [Process group meshes]), then all-reduces rank + 1 over
-its row and over its column: each sum must be over its group only, as in eager torch.distributed.
+`python progs_groups.py` under `CPU_NUM_DEVICES=4`, or `main` called by progs_collectives.py in
+its 4 processes: every process makes the row groups [0, 1], [2, 3] and the column groups [0, 2],
+[1, 3] of a 2x2 mesh (`pg_options` asks torch_xla's inference for the rest of the mesh, Note
+[Process group meshes]), then all-reduces rank + 1 over its row and over its column: each sum
+must be over its group only, as in eager torch.distributed.
 """
 
 import torch

@@ -1,7 +1,9 @@
 """Data-parallel training on N launched processes against eager on the global batch (run by
 test_data_parallel.py).
 
-`python progs_train.py MODE OUT_DIR` under `CPU_NUM_DEVICES=N`. MODE `optimizer_step`: each
+`python progs_train.py MODES OUT_DIR` under `CPU_NUM_DEVICES=N`, MODES comma-separated, run one
+after the other in the same processes (one launch: each costs seconds of imports and joining).
+MODE `optimizer_step`: each
 process computes its shard of the batch and `xm.optimizer_step` all-reduces the gradients; MODE
 `ddp`: `DistributedDataParallel` over `dist.init_process_group("xla", init_method="xla://")`;
 MODE `zero1`: torch_xla's ZeRO-1 over AdamW (eager: AdamW after `clip_grad_norm_`); MODE `fsdp`
@@ -63,7 +65,16 @@ def eager_losses(mode):
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _mp_fn(index, mode, out_dir):
+def _mp_fn(index, modes, out_dir):
+    for mode in modes.split(","):
+        try:
+            train(mode, out_dir)
+        except Exception as e:
+            e.add_note(f"in mode {mode!r}")
+            raise
+
+
+def train(mode, out_dir):
     n, rank = xr.world_size(), xr.global_ordinal()
     dev = torch_xla.device()
     model, xs, ys = model_and_data()
@@ -76,7 +87,8 @@ def _mp_fn(index, mode, out_dir):
             )
         model = FSDP(model, auto_wrap_policy=policy)
     if mode == "ddp":
-        dist.init_process_group("xla", init_method="xla://")
+        if not dist.is_initialized():
+            dist.init_process_group("xla", init_method="xla://")
         assert dist.get_world_size() == n and dist.get_rank() == rank
         model = nn.parallel.DistributedDataParallel(
             model, broadcast_buffers=False, gradient_as_bucket_view=True
@@ -113,7 +125,7 @@ def _mp_fn(index, mode, out_dir):
     want_params = list(want_params.values())
     for p, q in zip(params, want_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{mode}.rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "compiles": per_step}, f)
 
 
