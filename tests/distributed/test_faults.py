@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mp_util import HERE, free_port, run_launch, start
@@ -100,23 +101,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["CPU_NUM_DEVICES"] = "2"
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lazyxla",
-            "run",
-            str(HERE / "progs_faults.py"),
-            "wait",
-            str(tmp_path),
-        ],
+def _start_waiting_launcher(env: dict, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lazyxla", "run", str(HERE / "progs_faults.py"), "wait", str(out)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["CPU_NUM_DEVICES"] = "2"
+    env["PYTHONFAULTHANDLER"] = "1"  # (SIGABRT on a timeout: every thread's stack, below)
+    # The launcher starts with Ctrl-C deliverable, as from a terminal, whatever this test process
+    # inherited or was left with (an ignored SIGINT is inherited through exec; a handler is not).
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    try:
+        parent = _start_waiting_launcher(env, tmp_path)
+    finally:
+        if old is not None:  # (None: a handler installed outside Python, left as it is)
+            signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     pids = []
     deadline = time.monotonic() + 180
     while len(pids) < 2 and time.monotonic() < deadline:
@@ -127,10 +134,15 @@ def test_ctrl_c_stops_every_process(tmp_path):
     try:
         parent.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        parent.kill()
-        _, err = parent.communicate()
+        with open(f"/proc/{parent.pid}/status") as f:
+            masks = [line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
+        parent.send_signal(signal.SIGABRT)  # faulthandler prints where each thread is
+        _, err = parent.communicate(timeout=30)
         alive = [pid for pid in pids if _alive(pid)]
-        pytest.fail(f"the launcher did not stop; children alive: {alive}\n{err.decode()[-3000:]}")
+        pytest.fail(
+            f"the launcher did not stop on SIGINT; its signal masks {masks}; children alive: "
+            f"{alive}\n{err.decode()[-6000:]}"
+        )
     assert parent.returncode == 130  # `lazyxla run`'s status for KeyboardInterrupt
     time.sleep(1)
     for pid in pids:
