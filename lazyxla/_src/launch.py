@@ -14,7 +14,6 @@ reported with its exit status. Ctrl-C stops every child.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing.spawn
 import os
 import pickle
@@ -26,7 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 _PLATFORM_COUNT_VARS = {
@@ -128,40 +127,18 @@ def spawn_processes(fn: Callable[..., Any], args: tuple[Any, ...], n: int) -> No
 
 def _watch(procs: list[subprocess.Popen], tmp: str) -> None:
     n = len(procs)
-    with _interrupt_between_polls() as interrupted:
-        while True:
-            running = False
-            for rank, p in enumerate(procs):
-                rc = p.poll()
-                if rc is None:
-                    running = True
-                elif rc != 0:
-                    _stop(procs)
-                    _raise_child_error(rank, n, rc, os.path.join(tmp, f"error.{rank}"))
-            if not running:
-                return
-            time.sleep(0.05)
-            if interrupted():
-                raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _interrupt_between_polls() -> Iterator[Callable[[], bool]]:
-    """Ctrl-C while watching, raised by the watcher between polls. Raised inside `Popen.poll`
-    (between its taking the Popen's wait lock and its `try`), a KeyboardInterrupt leaves that
-    lock held, and `_stop`'s `wait` then blocks forever: the launcher hung, its children
-    SIGTERMed but never reaped. Yields whether Ctrl-C came."""
-    hits: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.getsignal(signal.SIGINT) if main else None
-    if old is not signal.default_int_handler:  # (not the main thread, or a handler of the user's)
-        yield lambda: False
-        return
-    signal.signal(signal.SIGINT, lambda signum, frame: hits.append(signum))
-    try:
-        yield lambda: bool(hits)
-    finally:
-        signal.signal(signal.SIGINT, old)
+    while True:
+        running = False
+        for rank, p in enumerate(procs):
+            rc = p.poll()
+            if rc is None:
+                running = True
+            elif rc != 0:
+                _stop(procs)
+                _raise_child_error(rank, n, rc, os.path.join(tmp, f"error.{rank}"))
+        if not running:
+            return
+        time.sleep(0.05)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
