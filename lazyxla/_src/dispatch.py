@@ -219,12 +219,14 @@ class Recorder:
         "checked",
         "checked_values",
         "floating",
+        "op",
     )
 
     def __init__(
         self, ref: torch.Tensor | None, op: str = "", result: torch.dtype | None = None
     ) -> None:
         self.inputs: list[tuple[Node, int]] = []
+        self.op = op
         self.ref = ref  # the tensor whose dtype anchors lifted scalars' dtypes
         # A floating result of integer operands (true division): Note [Integer scalars of
         # floating results].
@@ -236,8 +238,8 @@ class Recorder:
         self.checked = op in _CHECKED_SCALARS
         self.checked_values = op in _CHECKED_TENSOR_VALUES
 
-    def tensor(self, t: Any, index: bool = False) -> Any:
-        """`t`'s node input; `index`: it holds indices (Note [Index operands keep their dtype])."""
+    def tensor(self, t: Any, arg: str = "") -> Any:
+        """`t`'s node input; `arg`: the name of the argument it is (or is in)."""
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):  # a Python number in a Tensor slot (wrapped number)
@@ -247,7 +249,9 @@ class Recorder:
             self.inputs.append(read(state(t)))
             return Ref(len(self.inputs) - 1)
         if t.dim() == 0:
-            dtype = self._promoted(t) if self.ref is not None and not index else t.dtype
+            # (an index keeps its own dtype: Note [Index operands keep their dtype])
+            own = self.ref is None or _is_index_arg(self.op, arg)
+            dtype = t.dtype if own else self._promoted(t)
             value = t.item()
             if self.checked_values and self.ref is not None:
                 _check_fits(value, self.ref.dtype)
@@ -364,10 +368,9 @@ def record(
     for s, v in zip(specs, vals):
         k = s.kind
         if k == TENSOR or k == OPT_TENSOR:
-            x = rec.tensor(v, _is_index_arg(name, s.name))
+            x = rec.tensor(v, s.name)
         elif k == TENSOR_LIST or k == OPT_TENSOR_LIST:
-            index = _is_index_arg(name, s.name)
-            x = tuple(rec.tensor(t, index) for t in v)
+            x = tuple(rec.tensor(t, s.name) for t in v)
         elif k == SCALAR:
             x = rec.lift(v, lift_dtype)
         elif k == SCALAR_LIST:

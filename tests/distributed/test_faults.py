@@ -145,6 +145,4 @@ def test_ctrl_c_stops_every_process(tmp_path):
         )
     assert parent.returncode == 130  # `lazyxla run`'s status for KeyboardInterrupt
     time.sleep(1)
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert not [pid for pid in pids if _alive(pid)]
