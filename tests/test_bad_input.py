@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import lazyxla
 
@@ -193,6 +194,16 @@ EAGER_REFUSES = {
     "int % 0": lambda b, i, c, f, h: i % 0,
     "argmax bool": lambda b, i, c, f, h: b.argmax(),
     "int ** -1": lambda b, i, c, f, h: i**-1,
+    # an int32 index where eager's kernel takes only int64 (the meta kernels do not check)
+    "index_fill int32 index": lambda b, i, c, f, h: f.index_fill(0, i[:1].int(), 2.0),
+    "index_fill_ int32 index": lambda b, i, c, f, h: f.clone().index_fill_(0, i[:1].int(), 2.0),
+    "index_copy int32 index": lambda b, i, c, f, h: f.index_copy(0, i[:1].int(), f[:1]),
+    "multi_margin_loss int32 target": lambda b, i, c, f, h: F.multi_margin_loss(
+        f.view(1, 3), (i[:1] - 1).int()
+    ),
+    "multilabel_margin_loss int32 target": lambda b, i, c, f, h: F.multilabel_margin_loss(
+        f.view(1, 3), (i - 1).int().view(1, 3)
+    ),
 }
 
 

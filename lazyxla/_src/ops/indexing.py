@@ -426,3 +426,30 @@ _same_dtype_meta(
         f"self.dtype = {s} and source.dtype = {src}"
     ),
 )
+
+
+# Eager's CPU kernels take only an int64 index (target) here; their meta kernels do not check, so
+# an int32 one computed on lazyxla where eager raises ("index_copy_(): Expected a long tensor for
+# index, but got Int"). Checked before the op's meta rule, with eager's error.
+def _long_index_meta(op, at: int, error: type[Exception], message: str) -> None:
+    inner = META_RULES.get(op, op)
+
+    def meta(*args, **kwargs):
+        index = args[at]
+        if index.dtype != torch.int64:
+            raise error(message.format(_dtype_name(index.dtype)))
+        return inner(*args, **kwargs)
+
+    META_RULES[op] = meta
+
+
+for _op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor):
+    _long_index_meta(_op, 2, IndexError, "index_fill_(): Expected dtype int64 for index.")
+_long_index_meta(
+    aten.index_copy.default,
+    2,
+    RuntimeError,
+    "index_copy_(): Expected a long tensor for index, but got {}",
+)
+for _op in (aten.multi_margin_loss.default, aten.multilabel_margin_loss_forward.default):
+    _long_index_meta(_op, 1, RuntimeError, "expected scalar type Long but found {}")
