@@ -607,7 +607,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     stores = name in STORES_SCALAR
     plans: dict[tuple, _Plan | None] = {}
     check = per_call_check(op)
-    plan_key = _key_function(kinds) if planned else None
+    plan_key = None  # generated at the first call that needs it: ~2 ms each, ~100 at import
 
     nargs = len(specs)
     defaults = tuple(s.default for s in specs)
@@ -621,6 +621,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
             fns.append(plan.fast)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        nonlocal plan_key
         t0 = _now()
         counters[counter] = counters.get(counter, 0) + 1
         if check is not None:  # (var/std: they bind twice)
@@ -649,6 +650,8 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
                 if full
                 else bind(specs, args, kwargs)
             )
+            if plan_key is None:
+                plan_key = _key_function(kinds)
             key = plan_key(vals, items, states)
             if key is not None:
                 for i in device_args:
@@ -732,10 +735,11 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     stores = name in STORES_SCALAR
     returns_self = len(op._schema.returns) > 0
     plans: dict[tuple, _Plan | None] = {}
-    plan_key = _key_function(fkinds)
+    plan_key = None  # (generated at the first call, as a functional kernel's)
     counters = metrics._counters
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        nonlocal plan_key
         if FLAGS.ir_debug:
             return slow(*args, **kwargs)
         t0 = _now()
@@ -745,6 +749,8 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
             vals = args if len(args) == nargs else args + defaults[len(args) :]
         items: list[Any] = []
         states: list[Any] = []
+        if plan_key is None:
+            plan_key = _key_function(fkinds)
         key = plan_key(vals, items, states)
         if key is None:
             return slow(*args, **kwargs)
