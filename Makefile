@@ -21,8 +21,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check lazyxla tests bench examples
 	$(BIN)/ruff check lazyxla tests bench examples
 
+# Two passes (Note [Tests compile at -O0] in tests/conftest.py): the suite with XLA's kernels
+# compiled at LLVM -O0, then the tests comparing rounding with eager's at XLA's default codegen.
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	XLA_FLAGS="$$XLA_FLAGS --xla_backend_optimization_level=0" \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not eager_rounding"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "eager_rounding and not slow"
 
 # The suite on a CPU without AVX-512, emulated: eager PyTorch's kernels and XLA's code generation
 # both held to AVX2 (a fresh inductor cache: inductor's cache does not key on ATEN_CPU_CAPABILITY).

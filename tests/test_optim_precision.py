@@ -136,6 +136,7 @@ def _inplace(op, xs: list[torch.Tensor], *args) -> list[torch.Tensor]:
     return xs
 
 
+@pytest.mark.eager_rounding  # (Note [Tests compile at -O0] in tests/conftest.py)
 @pytest.mark.parametrize("name", list(ADAM_OPS))
 def test_adam_op_no_farther_from_float64_than_eager(name: str) -> None:
     state = _adam_state()
@@ -153,6 +154,7 @@ def test_low_precision_division_by_python_float_matches_eager(dtype: torch.dtype
         assert torch.equal((x.to(dev) / c).cpu(), x / c), c
 
 
+@pytest.mark.eager_rounding  # (Note [Tests compile at -O0] in tests/conftest.py)
 @pytest.mark.parametrize("impl", ["default", "foreach", "fused"])
 def test_adam_step_no_farther_from_float64_than_eager(impl: str) -> None:
     """One Adam step from mid-training state, on zero parameters so the result is the update

@@ -246,6 +246,7 @@ BIT_EXACT = {
 }
 
 
+@pytest.mark.eager_rounding  # (Note [Tests compile at -O0] in tests/conftest.py)
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 @pytest.mark.parametrize("name", list(BIT_EXACT))
 def test_low_precision_scalar_op_bit_equal_to_eager(name, dtype):
