@@ -25,16 +25,17 @@ import pytest
 # pass at XLA's default codegen. Processes the tests start inherit the flags.
 
 
-def pytest_collection_modifyitems(config, items):
-    if "--xla_backend_optimization_level=0" not in os.environ.get("XLA_FLAGS", ""):
-        return
-    rounding = [i.nodeid for i in items if i.get_closest_marker("eager_rounding")]
-    if rounding:
-        raise pytest.UsageError(
-            f"{len(rounding)} selected tests compare lazyxla's rounding with eager's (marked "
-            f"eager_rounding, e.g. {rounding[0]}) and need XLA's default codegen, but XLA_FLAGS "
-            "sets --xla_backend_optimization_level=0: deselect them (-m 'not eager_rounding') or "
-            "drop the flag (Note [Tests compile at -O0] in tests/conftest.py)"
+_O0 = "--xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", "")
+
+
+@pytest.fixture(autouse=True)
+def default_codegen_for_eager_rounding(request):
+    if _O0 and request.node.get_closest_marker("eager_rounding"):
+        pytest.fail(
+            "this test compares lazyxla's rounding with eager's (marked eager_rounding) and needs "
+            "XLA's default codegen, but XLA_FLAGS sets --xla_backend_optimization_level=0: "
+            "deselect it (-m 'not eager_rounding') or drop the flag (Note [Tests compile at -O0] "
+            "in tests/conftest.py)"
         )
 
 
