@@ -607,7 +607,7 @@ def functional_kernel(op: OpOverload, lw: Lowering) -> Callable[..., Any]:
     stores = name in STORES_SCALAR
     plans: dict[tuple, _Plan | None] = {}
     check = per_call_check(op)
-    plan_key = None  # generated at the first call that needs it: ~2 ms each, ~100 at import
+    plan_key = None  # generated at the first call needing it (~100 kinds: 0.2 s of the import)
 
     nargs = len(specs)
     defaults = tuple(s.default for s in specs)
