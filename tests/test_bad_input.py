@@ -198,6 +198,7 @@ EAGER_REFUSES = {
     "index_fill int32 index": lambda b, i, c, f, h: f.index_fill(0, i[:1].int(), 2.0),
     "index_fill_ int32 index": lambda b, i, c, f, h: f.clone().index_fill_(0, i[:1].int(), 2.0),
     "index_copy int32 index": lambda b, i, c, f, h: f.index_copy(0, i[:1].int(), f[:1]),
+    "take int32 index": lambda b, i, c, f, h: f.take(i[:1].int()),
     "multi_margin_loss int32 target": lambda b, i, c, f, h: F.multi_margin_loss(
         f.view(1, 3), (i[:1] - 1).int()
     ),

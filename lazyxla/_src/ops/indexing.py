@@ -451,5 +451,9 @@ _long_index_meta(
     RuntimeError,
     "index_copy_(): Expected a long tensor for index, but got {}",
 )
+# (take's meta kernel checks, but names the dtype "torch.int32" where eager says "Int")
+_long_index_meta(
+    aten.take.default, 1, RuntimeError, "take(): Expected a long tensor for index, but got {}"
+)
 for _op in (aten.multi_margin_loss.default, aten.multilabel_margin_loss_forward.default):
     _long_index_meta(_op, 1, RuntimeError, "expected scalar type Long but found {}")
