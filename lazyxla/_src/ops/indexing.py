@@ -393,16 +393,27 @@ def take(x, index):
     return flat[i]
 
 
+def _checked_meta(op, check) -> None:
+    """`op`'s meta rule runs `check(*args)` (which raises eager's error) first; checks added to
+    one op compose, whatever their order."""
+    inner = META_RULES.get(op, op)
+
+    def meta(*args, **kwargs):
+        check(*args)
+        return inner(*args, **kwargs)
+
+    META_RULES[op] = meta
+
+
 # Eager's CPU kernels refuse a source of another dtype than `self` (their meta kernels do not
 # check, so a lazy call computed with a cast where eager raises), with eager's messages.
 def _same_dtype_meta(op, source_at: int, message) -> None:
-    def meta(x, *args, **kwargs):
+    def check(x, *args):
         source = args[source_at - 1]
         if source.dtype != x.dtype:
             raise RuntimeError(message(_dtype_name(x.dtype), _dtype_name(source.dtype)))
-        return op(x, *args, **kwargs)
 
-    META_RULES[op] = meta
+    _checked_meta(op, check)
 
 
 _same_dtype_meta(
@@ -430,17 +441,13 @@ _same_dtype_meta(
 
 # Eager's CPU kernels take only an int64 index (target) here; their meta kernels do not check, so
 # an int32 one computed on lazyxla where eager raises ("index_copy_(): Expected a long tensor for
-# index, but got Int"). Checked before the op's meta rule, with eager's error.
+# index, but got Int"). Checked, with eager's error, before the op's meta.
 def _long_index_meta(op, at: int, error: type[Exception], message: str) -> None:
-    inner = META_RULES.get(op, op)
+    def check(*args):
+        if args[at].dtype != torch.int64:
+            raise error(message.format(_dtype_name(args[at].dtype)))
 
-    def meta(*args, **kwargs):
-        index = args[at]
-        if index.dtype != torch.int64:
-            raise error(message.format(_dtype_name(index.dtype)))
-        return inner(*args, **kwargs)
-
-    META_RULES[op] = meta
+    _checked_meta(op, check)
 
 
 for _op in (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor):
