@@ -2,6 +2,9 @@
 
 import io
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -9,7 +12,7 @@ import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
-from lazyxla._src import config, graph
+from lazyxla._src import config, graph, meta
 from lazyxla._src.lower import LoweringError
 from lazyxla._src.tensor import state
 
@@ -354,6 +357,49 @@ def test_inductor_still_works_after_import():
     f = torch.compile(lambda x: (x * 2).sin().sum(), backend="inductor")
     x = torch.randn(10)
     torch.testing.assert_close(f(x), (x * 2).sin().sum())
+
+
+def test_an_inference_program_does_not_import_dynamo():
+    # Note [Meta kernels without dynamo]: eager never imports torch._dynamo here (1.8 s at start).
+    code = """
+        import sys, torch, lazyxla
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+        x = torch.randn(3, 8)
+        want = F.softmax(m(x), -1).erf().sum() + x.abs().max() + x.clamp(-1, 1).pow(2).sum()
+        d = lazyxla.device()
+        m, x = m.to(d), x.to(d)
+        got = F.softmax(m(x), -1).erf().sum() + x.abs().max() + x.clamp(-1, 1).pow(2).sum()
+        torch.testing.assert_close(got.cpu(), want)
+        print("torch._dynamo" in sys.modules)
+    """
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_a_reference_meta_kernel_is_disabled_for_dynamo_once_dynamo_is_imported():
+    # Note [Meta kernels without dynamo]: the function runs as it is before dynamo is imported,
+    # and as PyTorch would have run it (dynamo's disabled twin) from then on.
+    import torch._dynamo
+
+    calls = []
+    wrapped = torch._disable_dynamo(lambda x: calls.append(x) or x)
+    fn = wrapped.__wrapped__
+    fn.__dynamo_disable = meta._UntilDynamo(fn, True)
+    saved = sys.modules.pop("torch._dynamo")
+    try:
+        assert wrapped(1) == 1
+        assert isinstance(fn.__dynamo_disable, meta._UntilDynamo)
+    finally:
+        sys.modules["torch._dynamo"] = saved
+    assert wrapped(2) == 2 and calls == [1, 2]
+    assert fn.__dynamo_disable._torchdynamo_disable
+    # and lazyxla filled every reference's slot this way (none left to import dynamo)
+    assert meta._until_dynamo() == 0
 
 
 def test_shape_cache_tells_int_from_float_statics():

@@ -11,9 +11,11 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import sys
 import threading
 import warnings
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -592,6 +594,69 @@ def _device_hint(tensor: Any) -> str:
 
 _META_DEVICE = torch.device("meta")
 _meta_registrations.device_hint = _device_hint
+
+
+# Note [Meta kernels without dynamo]
+# PyTorch's Python references (`torch._refs`), which are the meta kernels of most pointwise ops,
+# are wrapped in `torch._disable_dynamo`: so that dynamo never traces into them, the first call of
+# each imports `torch._dynamo` (1.7-1.9 s here) and wraps the function in `torch._dynamo.disable`.
+# Eager CPU never calls them, so every lazyxla program paid that import at its first op, and an
+# inference script started 1.8 s later than on the CPU. A wrapped function looks up its disabled
+# twin in its `__dynamo_disable` attribute first: `_until_dynamo` fills it with a twin that calls
+# the function as it is while dynamo is not imported (nothing can be tracing then: only dynamo
+# installs a frame evaluation hook), and from the first call after dynamo is imported puts
+# dynamo's own disabled twin in its place, as PyTorch would have. Only the references are
+# covered, the functions lazyxla calls where eager does not; `torch.optim`'s are eager's cost too.
+class _UntilDynamo:
+    __slots__ = ("fn", "recursive")
+
+    def __init__(self, fn: Callable[..., Any], recursive: bool) -> None:
+        self.fn, self.recursive = fn, recursive
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None or not hasattr(dynamo, "disable"):  # (not imported, or mid-import)
+            return self.fn(*args, **kwargs)
+        disabled = dynamo.disable(self.fn, self.recursive, wrapping=False)
+        setattr(self.fn, "__dynamo_disable", disabled)  # (not mangled, as `self.fn.__x` is)
+        return disabled(*args, **kwargs)
+
+
+def _until_dynamo() -> int:
+    """Fill the `__dynamo_disable` slot of every `torch._disable_dynamo`-wrapped function of
+    PyTorch's references (Note [Meta kernels without dynamo]); returns how many were filled."""
+    import torch._refs.fft
+    import torch._refs.linalg
+    import torch._refs.nn.functional
+    import torch._refs.special
+
+    inner = torch._disable_dynamo(lambda: None).__code__  # (the wrapper's code object)
+    filled = 0
+    seen: set[int] = set()
+    mods = (torch._refs, torch._refs.nn.functional, torch._refs.special, torch._refs.linalg)
+    todo = [f for mod in (*mods, torch._refs.fft) for f in vars(mod).values()]
+    while todo:  # the functions reachable through `functools.wraps` chains and closures
+        f = todo.pop()
+        if not isinstance(f, FunctionType) or id(f) in seen:
+            continue
+        seen.add(id(f))
+        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        if f.__code__ is inner:
+            fn, recursive = cells["fn"].cell_contents, cells["recursive"].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                fn.__dynamo_disable = _UntilDynamo(fn, recursive)
+                filled += 1
+        todo.append(getattr(f, "__wrapped__", None))
+        for c in cells.values():
+            try:
+                todo.append(c.cell_contents)
+            except ValueError:  # (an empty cell)
+                pass
+    return filled
+
+
+if "torch._dynamo" not in sys.modules:
+    _until_dynamo()
 
 
 def _meta_call(op: OpOverload, specs: list[ArgSpec], vals: list[Any]) -> Any:
