@@ -480,6 +480,53 @@ def test_buffer_donation_never_donates_an_array_two_inputs_share():
         config.FLAGS.set("donate_buffers", False)
 
 
+@pytest.mark.parametrize("foreach", [True, False])
+def test_buffer_donation_aliases_each_buffer_to_its_own_update(foreach):
+    # Note [Donated buffers pair with their updates]: JAX pairs donated inputs with outputs by
+    # shape alone; a weight's buffer paired with a gradient's output made XLA copy it instead.
+    config.FLAGS.set("donate_buffers", True)
+    try:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1, foreach=foreach)
+        m_cpu = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        m_cpu.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+        opt_cpu = torch.optim.AdamW(m_cpu.parameters(), lr=0.1, foreach=foreach)
+        xs = [torch.randn(2, 4) for _ in range(3)]
+
+        def step(model, o, x):
+            o.zero_grad()
+            model(x).sum().backward()
+            o.step()
+
+        for x in xs[:2]:
+            step(m, opt, x.to(dev))
+            lazyxla.sync()
+            step(m_cpu, opt_cpu, x)
+        updated = [p for p in m.parameters()]
+        updated += [t for s in opt.state.values() for t in s.values() if t.device == dev]
+        holder = {state(t).value[0]: state(t) for t in updated}  # data node -> its tensor
+        step(m, opt, xs[2].to(dev))
+        cap = graph.Capture(graph.pending_states(None), donate=True, full=True)
+        donated = [n for n, d in zip(cap.data_nodes(), cap.donate) if d]
+        assert set(donated) == set(holder)  # every parameter and optimizer state is donated
+        main = next(
+            ln
+            for ln in cap.function().lower(*cap.args()).as_text().splitlines()
+            if "func.func public @main" in ln
+        )
+        aliases = [int(a) for a in re.findall(r"tf\.aliasing_output = (\d+)", main)]
+        assert len(aliases) == len(donated)
+        bound = {r: s for s, r in cap.bindings}
+        assert all(bound[r] is holder[n] for n, r in zip(donated, aliases))
+        lazyxla.sync()
+        step(m_cpu, opt_cpu, xs[2])
+        for p, p_cpu in zip(m.parameters(), m_cpu.parameters()):
+            torch.testing.assert_close(p.cpu(), p_cpu)
+    finally:
+        config.FLAGS.set("donate_buffers", False)
+
+
 def test_graph_cache_is_bounded_lru():
     old = config.FLAGS.compilation_cache_size
     config.FLAGS.set("compilation_cache_size", 2)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import api, debug, graph, ir, metrics, runtime
+from . import api, debug, donation, graph, ir, metrics, runtime
 
 VERSION = "2.9.0+lazyxla"
 
@@ -213,7 +213,7 @@ def _get_tensors_xla_device_data_node(
     return ids, out
 
 
-_DONATE = graph.DONATE
+_DONATE = donation.DONATE
 
 
 def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
@@ -230,7 +230,7 @@ def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
         return False  # a cached scalar upload other tensors share (Note [Device data cache])
     node.meta = _DONATE if should_donate else None
     if should_donate:
-        graph.donation_marked[0] = True
+        donation.donation_marked[0] = True
     metrics.counter_inc("XlaSetBufferDonation")
     return True
 

@@ -44,7 +44,8 @@ _FLAGS: dict[str, Flag] = {
         bool,
         False,
         "Experimental: let a sync's executable reuse (donate) the device buffers of tensors it "
-        "overwrites, as torch_xla does (faster steps, less memory). See Note [Buffer donation].",
+        "overwrites, as torch_xla does (less memory; on the CPU steps measured slower). See "
+        "Notes [Buffer donation] and [Donated buffers pair with their updates] (donation.py).",
     ),
     "read_syncs_all": Flag(
         "LAZYXLA_READ_SYNCS_ALL",

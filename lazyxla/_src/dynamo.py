@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import analysis, collectives, fallback, graph, metrics, random_state
+from . import analysis, collectives, donation, fallback, graph, metrics, random_state
 from .ir import (
     DEVICE_DATA,
     SCALAR,
@@ -200,7 +200,7 @@ class Trace:
             elif n.meta is not None:  # a random op's (seed, offset), see ir.rng_scalar
                 self.leaves.append(_Leaf(n.meta[0], node=n))
             else:
-                n.meta = graph.KEEP  # replayed every call: never donate its buffer
+                n.meta = donation.KEEP  # replayed every call: never donate its buffer
                 self.leaves.append(_Leaf("const", node=n))
         # How replay feeds each leaf: (kind, argument index | (node, 0) | host index | leaf)
         self.feeds: list[tuple[object, Any]] = [
@@ -496,10 +496,10 @@ _trace_donors: list[dict[int, bool]] = []  # while a Trace runs its graph: {arg 
 
 
 def _any_marked(args: Sequence[Any]) -> bool:
-    return graph.donation_marked[0] and any(
+    return donation.donation_marked[0] and any(
         isinstance(a, torch.Tensor)
         and a.device.type == DEVICE_TYPE
-        and read(state(a))[0].meta == graph.DONATE
+        and read(state(a))[0].meta == donation.DONATE
         for a in args
     )
 
@@ -510,10 +510,10 @@ def _mark_donors(donors: dict[int, bool], args: Sequence[Any]) -> None:
 
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:
-            if read(state(a))[0].meta == graph.DONATE:
+            if read(state(a))[0].meta == donation.DONATE:
                 donors.setdefault(i, True)
     for i, donate in donors.items():
-        if read(state(args[i]))[0].meta != (graph.DONATE if donate else None):
+        if read(state(args[i]))[0].meta != (donation.DONATE if donate else None):
             _set_buffer_donation(args[i], donate)
 
 

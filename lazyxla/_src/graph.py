@@ -40,6 +40,8 @@ from . import (
     step_closures,
 )
 from .config import FLAGS
+from .donation import DONATE, donation_marked, donation_mask, paired_root_order
+from .donation import alias_with_buffer_donor as _alias_with_buffer_donor
 from .ir import CONSTANT, DEVICE_DATA, SCALAR, Node, device_data, post_order
 from .lower import Program
 from .runtime import jnp_dtype
@@ -133,48 +135,6 @@ class ExecutionNotAllowed(RuntimeError):
 def set_allow_execution(allow: bool) -> None:
     global _allow_execution
     _allow_execution = allow
-
-
-# Note [Buffer donation]
-# With LAZYXLA_DONATE_BUFFERS=1, a full sync donates the buffers of inputs nothing will read
-# again: a device-data node that no live tensor holds as its value (its tensor was overwritten, as
-# a parameter is by optimizer.step()) is reachable only through the graph being run, so XLA may
-# write an output into its buffer. The data a stale view's cached value reads counts as held (the
-# view may still read it); data a trace-once graph keeps as a constant is never donated
-# (`node.meta == KEEP`). Only inputs whose spec matches an output are donated, so XLA can alias
-# every one, and never an array two inputs share. The donation mask is part of the graph key.
-# Partial syncs (`.item()`) never donate. A donated buffer is gone once the execution starts, also
-# when it then fails (out of memory): what the failed graph computed from it cannot be recomputed
-# and fails when read, which is why donation is opt-in here (Note [Failed graphs]).
-KEEP = "keep"
-DONATE = "donate"  # marked by torch_xla._XLAC._set_buffer_donation: donatable though held
-donation_marked = [False]  # has any buffer been marked DONATE in this process (a cheap gate)
-
-
-def _alias_with_buffer_donor() -> bool:
-    from .dynamo import get_alias_with_buffer_donor
-
-    return get_alias_with_buffer_donor()
-
-
-def _held_data() -> set[int]:
-    """Ids of the device-data nodes some live tensor holds, and of their arrays."""
-    held: set[int] = set()
-    stale: list[Node] = []
-    for s in live_states():
-        if type(s) is HostState:  # no device data yet (Note [SPMD virtual device])
-            continue
-        node = s.value[0]
-        if s.base is not None and s.seen != s.base.version:
-            stale.append(node)  # its cached value may still read old data: all of it is held
-        elif node.op == DEVICE_DATA:
-            held.add(id(node))
-            held.add(id(node.data))  # an array several nodes share (Note [Device data cache])
-    for node in post_order(stale) if stale else ():
-        if node.op == DEVICE_DATA:
-            held.add(id(node))
-            held.add(id(node.data))
-    return held
 
 
 # Note [Scalars are arguments]
@@ -294,21 +254,23 @@ class Capture:
                 key=lambda r: (pos[root_values[r][0]], root_values[r][1]),
             )
             if any(r != i for i, r in enumerate(order)):
-                new_index = [0] * len(order)
-                for i, r in enumerate(order):
-                    new_index[r] = i
-                root_values = self.root_values = [root_values[r] for r in order]
-                self.out_shardings = tuple(self.out_shardings[r] for r in order)
-                self.bindings = [(s, new_index[r]) for s, r in self.bindings]
+                self._reorder_roots(order)
         self.nodes = nodes
         self.pos = pos
-        self.roots = [(pos[n], k) for n, k in root_values]
         # Marked donors count in a full sync, or while torch_xla's buffer donor config is on
         # (Note [Buffer donor config] in dynamo.py); a hash or a partial sync ignores them.
         marked = (
             donation_marked[0] and any(n.meta == DONATE for n in nodes if n.op == DEVICE_DATA)
         ) and (full or _alias_with_buffer_donor())
-        self.donate = self._donation(nodes, root_values, self.fill_data) if donate or marked else ()
+        self.donate: tuple[bool, ...] = ()
+        if donate or marked:
+            data_nodes = self.data_nodes()
+            self.donate = donation_mask(data_nodes, self.root_values)
+            if any(self.donate):  # Note [Donated buffers pair with their updates]
+                order = paired_root_order(data_nodes, self.donate, self.root_values, self.fill_data)
+                if order is not None:
+                    self._reorder_roots(order)
+        self.roots = [(pos[n], k) for n, k in self.root_values]
         self.checked = FLAGS.check_indices  # Note [Checked indices]
         self.key = (tuple(parts), tuple(self.roots), self.out_shardings, self.donate)
         if self.checked:
@@ -320,29 +282,23 @@ class Capture:
         # Note [Cross-process collectives]: such a graph runs as one program over all processes.
         self.replicas = collectives.active() and collectives.has_collectives(nodes)
 
-    @staticmethod
-    def _donation(
-        nodes: list[Node], root_values: list[tuple[Node, int]], fill_data: dict[int, Node]
-    ) -> tuple[bool, ...]:
-        """One flag per data input: may XLA reuse its buffer? See Note [Buffer donation]."""
-        held = _held_data()
-        data_nodes = [n for n in nodes if n.op == DEVICE_DATA]
-        if fill_data:
-            data_nodes = [
-                fill_data.get(id(n), n) for n in nodes if n.op == DEVICE_DATA or id(n) in fill_data
-            ]
-        free = collections.Counter(n.specs[k] for n, k in root_values)
-        # An array several of this graph's inputs share (two nodes over one buffer: a gradient
-        # seeded with the tensor itself) is read through the others: never donated.
-        uses = collections.Counter(id(n.data) for n in data_nodes)
-        mask = []
-        for n in data_nodes:
-            free_input = (id(n) not in held and id(n.data) not in held) or n.meta == DONATE
-            ok = free_input and uses[id(n.data)] == 1 and n.meta != KEEP and free[n.specs[0]] > 0
-            if ok:
-                free[n.specs[0]] -= 1
-            mask.append(ok)
-        return tuple(mask)
+    def _reorder_roots(self, order: list[int]) -> None:
+        """Make the outputs come in `order` (root indices)."""
+        new_index = [0] * len(order)
+        for i, r in enumerate(order):
+            new_index[r] = i
+        self.root_values = [self.root_values[r] for r in order]
+        self.out_shardings = tuple(self.out_shardings[r] for r in order)
+        self.bindings = [(s, new_index[r]) for s, r in self.bindings]
+
+    def data_nodes(self) -> list[Node]:
+        """The data leaves, in the order of the executable's data arguments."""
+        fill_data = self.fill_data
+        if not fill_data:
+            return [n for n in self.nodes if n.op == DEVICE_DATA]
+        return [
+            fill_data.get(id(n), n) for n in self.nodes if n.op == DEVICE_DATA or id(n) in fill_data
+        ]
 
     def program(self) -> Program:
         leaves = frozenset(self.fill_data)

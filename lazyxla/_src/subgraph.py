@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import torch
 
-from . import fallback, graph, random_state
+from . import donation, fallback, random_state
 from .ir import (
     CONSTANT,
     DEVICE_DATA,
@@ -241,7 +241,7 @@ def trace(
                     "to the loop as an input"
                 )
             if n.op == DEVICE_DATA:
-                n.meta = graph.KEEP  # fed again by every call of a cached trace: never donated
+                n.meta = donation.KEEP  # fed again by every call of a cached trace: never donated
             leaves.append(("cap", len(captures)))
             captures.append(_Capture("const", (n, 0)))
         else:
