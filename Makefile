@@ -22,9 +22,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check lazyxla tests bench examples
 
 # Two passes (Note [Tests compile at -O0] in tests/conftest.py): the suite with XLA's kernels
-# compiled at LLVM -O0, then the tests comparing rounding with eager's at XLA's default codegen.
+# compiled for compile speed (LLVM -O0, XLA:CPU's elemental emitters, one codegen split), then the
+# tests comparing rounding with eager's at XLA's default codegen.
+TEST_XLA_FLAGS := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false \
+	--xla_cpu_parallel_codegen_split_count=1
 test: lint
-	XLA_FLAGS="$$XLA_FLAGS --xla_backend_optimization_level=0" \
+	XLA_FLAGS="$$XLA_FLAGS $(TEST_XLA_FLAGS)" \
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not eager_rounding"
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "eager_rounding and not slow"
 
