@@ -400,9 +400,14 @@ def test_a_scalar_seen_again_is_passed_as_a_device_array_keyed_by_its_bits():
     b = torch.tensor([1.5, -2.5], dtype=torch.bfloat16)
     hd, bd = h.to(dev), b.to(dev)
     same_bits = torch.tensor(0x3400, dtype=torch.int16).view(torch.bfloat16).item()
+    met.clear_all()
     for _ in range(4):
         assert bits_equal(torch.full((3,), 0.0, device=dev), torch.full((3,), 0.0))
         assert bits_equal(hd + 0.25, h + 0.25)
+    # each kept value is one upload, counted as a tensor's is: float32 0.0 and float16 0.25
+    assert met.counter_value("CreateDataHandles") == 2
+    assert met.metric_data("TransferToDeviceTime")[0] == 2
+    assert met.metric_data("OutboundData")[1] == 4 + 2  # (bytes)
     assert set(runtime.KEPT_SCALARS.kept) >= {
         (np.float32, np.float32(0.0).tobytes()),
         (np.float16, np.float16(0.25).tobytes()),

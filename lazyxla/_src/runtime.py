@@ -348,6 +348,8 @@ def check_fits(exe: Any, largest_output: int) -> None:
 # Apart from the device data cache (Note [Device data cache]): that one holds what a tensor
 # uploads, on first use, and may be read through a donated input; these are admitted after three
 # runs, are never donated (scalars are not among a graph's donated arguments), and are more.
+# Putting one is an upload, counted as a tensor's is (TransferToDeviceTime, OutboundData,
+# CreateDataHandles); a value passed as itself is an argument of its execution, as a number.
 
 
 class _ScalarArrays:
@@ -384,9 +386,18 @@ class _ScalarArrays:
                         del seen[key]
                         if len(kept) >= self.LIMIT:
                             kept.clear()
-                        a = kept[key] = jax.device_put(v, default_device())
+                        a = kept[key] = _put_scalar(v)
             out.append(a)
         return out
+
+
+def _put_scalar(v: np.generic) -> jax.Array:
+    """A kept scalar's device array: an upload, counted as `_upload` counts a tensor's."""
+    with metrics.timed("TransferToDeviceTime"):
+        a = jax.device_put(v, default_device())
+    metrics.metric_add("OutboundData", v.nbytes)
+    metrics.counter_inc("CreateDataHandles")
+    return a
 
 
 KEPT_SCALARS = _ScalarArrays()
