@@ -156,11 +156,11 @@ def test_read_sync_walks_only_the_new_piece_of_a_growing_cat():
     """A sequence grown by cat and left pending over data: each read sync walks the moves above
     the last cut, not the whole chain (the walk grew with the sequence), and the sequence's value
     is unchanged."""
-    from lazyxla._src import graph
+    from lazyxla._src import read_sync
     from lazyxla._src.tensor import state
 
     walked: list[int] = []
-    orig = graph._move_graph
+    orig = read_sync._move_graph
 
     def counting(v):
         order = orig(v)
@@ -177,13 +177,13 @@ def test_read_sync_walks_only_the_new_piece_of_a_growing_cat():
         return seq
 
     ref = loop("cpu", 40)
-    graph._move_graph = counting
+    read_sync._move_graph = counting
     try:
         seq = loop(DEV, 40)
         assert state(seq).is_pending  # still a chain of cats, not run
         per_read = walked[-10:]
     finally:
-        graph._move_graph = orig
+        read_sync._move_graph = orig
     assert max(per_read) <= 4, per_read  # was about twice the chain's length
     torch.testing.assert_close(seq.cpu(), ref)
 

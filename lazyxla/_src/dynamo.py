@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import analysis, collectives, donation, fallback, graph, metrics, random_state
+from . import analysis, collectives, donation, fallback, graph, metrics, random_state, read_sync
 from .ir import (
     DEVICE_DATA,
     SCALAR,
@@ -234,7 +234,7 @@ class Trace:
             if pending:
                 # As torch_xla's bridge: pending inputs run first, in their own graph, so the
                 # compiled program is the same whatever produced its inputs.
-                graph.sync_inputs(pending, analysis.DYNAMO_INPUTS)
+                read_sync.sync_inputs(pending, analysis.DYNAMO_INPUTS)
         if self.donors or _any_marked(args):
             _mark_donors(self.donors, args)  # See Note [Buffer donor config]
         if self.collectives:

@@ -156,9 +156,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 # device) and the device array reused; jax arrays are immutable, so sharing one is safe. An empty
 # one too (transformers' DynamicCache starts each layer's keys and values as `torch.tensor([],
 # device=...)`, every forward: two transfers per layer per training step). So is a
-# small fill passed as data (Note [Fills passed as data] in graph.py: a backward's zero tangents,
-# every step). A reused array that a graph has since donated (deleted) is uploaded again. Misses
-# are counted as `DeviceDataCacheMiss`, torch_xla's counter.
+# small fill passed as data (Note [Fills passed as data] in read_sync.py: a backward's zero
+# tangents, every step). A reused array that a graph has since donated (deleted) is uploaded
+# again. Misses are counted as `DeviceDataCacheMiss`, torch_xla's counter.
 _DATA_CACHE: collections.OrderedDict[tuple, jax.Array] = collections.OrderedDict()
 _DATA_CACHE_SIZE = 128
 

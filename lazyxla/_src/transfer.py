@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import graph, metrics, runtime, sharding
+from . import metrics, read_sync, runtime, sharding
 from .ir import TensorSpec, device_data
 from .sharding import sharding_key, upload_placement
 from .tensor import HostState, Value, defer_upload, live_states, new_tensor, read, state
@@ -90,7 +90,7 @@ def sync_host_data() -> None:
 def materialize(t: torch.Tensor) -> Any:
     """Run what `t` needs and return its device array (Note [What a value read syncs])."""
     s = state(t)
-    graph.sync_read(s)
+    read_sync.sync_read(s)
     return read(s)[0].data
 
 
