@@ -81,12 +81,12 @@ def cheap_tensor_chain(x: torch.Tensor, n_ops: int = N_OPS) -> torch.Tensor:
 
 
 def chain_us(
-    fn: Callable[[torch.Tensor], torch.Tensor],
+    fn: Callable[[torch.Tensor], object],
     x_cpu: torch.Tensor,
     x_dev: torch.Tensor,
     rounds: int = 15,
 ) -> tuple:
-    """Minimum µs per op of the chain `fn` on lazyxla and in eager, in interleaved rounds."""
+    """Minimum µs per op of `fn` (`N_OPS` ops) on lazyxla and in eager, in interleaved rounds."""
     lazy, eager = [], []
     for i in range(rounds + WARMUP):
         t0 = time.perf_counter()
@@ -110,22 +110,6 @@ def view_ops(x: torch.Tensor, n_ops: int = N_OPS) -> None:
         x[3]
         x.view(-1)
         x[:, 2:5]
-
-
-def view_ops_us(x_cpu: torch.Tensor, x_dev: torch.Tensor, rounds: int = 15) -> tuple:
-    """Minimum µs per view op on lazyxla and in eager, in interleaved rounds."""
-    lazy, eager = [], []
-    for i in range(rounds + WARMUP):
-        t0 = time.perf_counter()
-        view_ops(x_dev)
-        dt = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        view_ops(x_cpu)
-        de = time.perf_counter() - t0
-        if i >= WARMUP:
-            lazy.append(dt)
-            eager.append(de)
-    return min(lazy) / N_OPS * 1e6, min(eager) / N_OPS * 1e6
 
 
 def main() -> None:
@@ -166,7 +150,7 @@ def main() -> None:
             f"[bold]{lazy_c:.1f} µs/op[/], eager {eager_c:.1f} µs/op, lazyxla / eager "
             f"[bold]{lazy_c / eager_c:.2f}x[/]"
         )
-    lazy_v, eager_v = view_ops_us(x_cpu, x_dev)
+    lazy_v, eager_v = chain_us(view_ops, x_cpu, x_dev)
     console.print(
         f"view ops `x.t(), x[3], x.view(-1), x[:, 2:5]` ({N_OPS} ops, min of interleaved "
         f"rounds): lazyxla [bold]{lazy_v:.1f} µs/op[/], eager {eager_v:.1f} µs/op"

@@ -633,8 +633,14 @@ def _until_dynamo() -> int:
     inner = torch._disable_dynamo(lambda: None).__code__  # (the wrapper's code object)
     filled = 0
     seen: set[int] = set()
-    mods = (torch._refs, torch._refs.nn.functional, torch._refs.special, torch._refs.linalg)
-    todo = [f for mod in (*mods, torch._refs.fft) for f in vars(mod).values()]
+    mods = (
+        torch._refs,
+        torch._refs.nn.functional,
+        torch._refs.special,
+        torch._refs.linalg,
+        torch._refs.fft,
+    )
+    todo = [f for mod in mods for f in vars(mod).values()]
     while todo:  # the functions reachable through `functools.wraps` chains and closures
         f = todo.pop()
         if not isinstance(f, FunctionType) or id(f) in seen:
