@@ -18,6 +18,9 @@ supports (bfloat16, float16, int64, bool, float64, complex64, uint8). ``full=Tru
     python -m lazyxla.tools.op_coverage            # table + totals, writes docs/op_coverage.md
     python -m lazyxla.tools.op_coverage --full     # every sample and dtype (no file written)
     python -m lazyxla.tools.op_coverage -k linalg  # a subset, no file written
+
+The tables of entries not run or run with an allowance (`SKIPS`, `TOLERANCES`, ...) are in
+op_coverage_tables.py; the totals and the markdown report in op_coverage_report.py.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import functools
 import json
 import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -42,190 +44,22 @@ import lazyxla
 from lazyxla._src import metrics
 from lazyxla._src.writes import non_overlapping_and_dense
 
+from .op_coverage_tables import (  # the entries not run, or run with an allowance
+    GRAD_SKIPS,
+    KEEP_CPU_ARGS,
+    LAYOUT_DIFFERS,
+    SIGN_FREE,
+    SKIPS,
+    TOLERANCES,
+    UINT8_TOLERANCES,
+    UNDEFINED_VALUES,
+)
+
 DEFAULT_SAMPLES = 2
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "op_coverage.md")
 DEV = lazyxla.device()
 
 LOWERED, FALLBACK, SKIPPED, FAILS, NA = "lowered", "fallback", "skipped", "fails", "n/a"
-
-# --- entries the sweep does not run, each with its reason ----------------------------------------
-_CUDA = "CUDA-only op: no CPU samples"
-_SPARSE = "sparse layouts: lazyxla tensors are dense"
-SKIPS: dict[str, str] = {
-    **{
-        k: _CUDA
-        for k in (
-            "jiterator_unary",
-            "jiterator_binary",
-            "jiterator_binary_return_by_ref",
-            "jiterator_4inputs_with_extra_args",
-            "jiterator_2inputs_2outputs",
-            "torch._scaled_mm",
-            "torch._scaled_mm_v2",
-            "torch.ops.aten._flash_attention_forward",
-            "torch.ops.aten._efficient_attention_forward",
-        )
-    },
-    "nn.functional.batch_norm.without_cudnn": "a CUDA variant (cuDNN off): no sample runs on CPU",
-    **{k: _SPARSE for k in ("sparse.mm.reduce", "sparse.sampled_addmm", "to_sparse")},
-    "chalf": "complex32 (chalf) has no XLA dtype",
-    "hash_tensor": "uint64 output: torch has no uint64 arithmetic to compare with on the device",
-}
-
-# Gradient checks not run for an entry whose forward is checked.
-GRAD_SKIPS: dict[str, str] = {}
-
-# Entries whose values are not defined (uninitialized memory) or random: only shapes and dtypes are
-# compared (and that the op ran natively).
-_RANDOM = "random values (the device RNG is not PyTorch's CPU generator)"
-_EMPTY = "uninitialized memory"
-UNDEFINED_VALUES: dict[str, str] = {
-    **{
-        k: _RANDOM
-        for k in (
-            "bernoulli",
-            "cauchy",
-            "exponential",
-            "geometric",
-            "log_normal",
-            "multinomial",
-            "normal",
-            "normal.in_place",
-            "normal.number_mean",
-            "rand_like",
-            "randint",
-            "randint_like",
-            "randn",
-            "randn_like",
-            "uniform",
-            "nn.functional.dropout",
-            "nn.functional.dropout2d",
-            "nn.functional.dropout3d",
-            "nn.functional.alpha_dropout",
-            "nn.functional.feature_alpha_dropout.with_train",
-            "nn.functional.feature_alpha_dropout.without_train",
-            "nn.functional.rrelu",
-            "nn.functional.fractional_max_pool2d",
-            "nn.functional.fractional_max_pool3d",
-            "nn.functional.multi_head_attention_forward",
-            "nn.functional.scaled_dot_product_attention",
-            "svd_lowrank",
-            "pca_lowrank",
-        )
-    },
-    **{
-        k: _EMPTY
-        for k in (
-            "empty",
-            "empty_like",
-            "new_empty",
-            "new_empty_strided",
-            "empty_strided",
-            "empty_permuted",
-        )
-    },
-}
-
-# Entries whose outputs' strides differ from eager's, recorded lazily and compiled alike (their
-# values are compared as every entry's are; every other entry's dense outputs keep eager's
-# strides, `compare_layouts`).
-_COLUMN_MAJOR = (
-    "LAPACK's column-major result; the op has no meta kernel to read eager's strides from"
-)
-LAYOUT_DIFFERS: dict[str, str] = {
-    "geqrf": _COLUMN_MAJOR,
-    "linalg.lstsq": _COLUMN_MAJOR,
-    "linalg.lstsq.grad_oriented": _COLUMN_MAJOR,
-}
-
-# Arguments that must stay on the CPU (the op requires it).
-KEEP_CPU_ARGS = {"tensor_split"}
-
-# Per-entry tolerances looser than torch.testing.assert_close's float32 defaults, with the reason.
-TOLERANCES: dict[str, tuple[dict[str, float], str]] = {
-    "matrix_exp": (
-        {"rtol": 1e-5, "atol": 5e-2},
-        "entries ~1e4: PyTorch's float32 Pade loses digits that lazyxla's float64 one keeps",
-    ),
-    "addbmm": ({"rtol": 1e-5, "atol": 1e-4}, "a sum of matmuls: accumulation order"),
-    **{
-        k: ({"rtol": 1e-5, "atol": 1e-4}, "gradient through 1/(s_i^2 - s_j^2)")
-        for k in ("svd", "linalg.svd")
-    },
-    **{
-        k: ({"rtol": 1e-5, "atol": 1e-4}, "gradient through a pseudo-inverse: LAPACK's vs XLA's")
-        for k in ("linalg.lstsq", "linalg.lstsq.grad_oriented")
-    },
-    "linalg.householder_product": (
-        {"rtol": 2e-5, "atol": 1e-3},
-        "gradients ~1e2 through a product of reflectors: both ~2e-5 relative off float64",
-    ),
-    **{
-        k: (
-            {"rtol": 1e-5, "atol": 1e-4},
-            "bicubic: gradients up to ~60 summed over 16 taps in another order",
-        )
-        for k in ("grid_sampler_2d", "nn.functional.grid_sample")
-    },
-    "cov": (
-        {"rtol": 1e-5, "atol": 1e-4},
-        "weighted samples: sum(w) - sum(w^2)/sum(w) cancels, its gradient more so",
-    ),
-    **{
-        k: (
-            {"rtol": 1e-5, "atol": 5e-4},
-            "outputs up to ~1e3 summed from hundreds of products: XLA's convolution algorithm "
-            "rounds a few elements ~1e-6 worse than oneDNN's",
-        )
-        for k in (
-            "nn.functional.conv1d",
-            "nn.functional.conv2d",
-            "nn.functional.conv3d",
-            "nn.functional.conv_transpose1d",
-            "nn.functional.conv_transpose2d",
-            "nn.functional.conv_transpose3d",
-        )
-    },
-    "asin": ({"rtol": 1e-5, "atol": 1e-5}, "gradient 1/sqrt(1-x^2) near |x|=1 amplifies 1 ulp"),
-    "erfinv": ({"rtol": 1e-5, "atol": 1e-5}, "gradient near |x|=1 amplifies 1 ulp"),
-    "digamma": ({"rtol": 1e-4, "atol": 1e-5}, "gradient (trigamma) near the poles of negative x"),
-    "logcumsumexp": (
-        {"rtol": 5e-3, "atol": 1e-5},
-        "samples at +-1e4: the backward formula's exp(x - out) amplifies float32 rounding",
-    ),
-    **{
-        k: (
-            {"rtol": 1e-4, "atol": 1e-5},
-            "negative x near poles: recurrence vs reflection rounding",
-        )
-        for k in (
-            "polygamma.polygamma_n_0",
-            "polygamma.polygamma_n_1",
-            "polygamma.polygamma_n_2",
-            "polygamma.polygamma_n_3",
-            "polygamma.polygamma_n_4",
-            "special.polygamma.special_polygamma_n_0",
-        )
-    },
-}
-
-# uint8 image resamples: how far (in units) a value may be from eager's, with the reason. Eager's
-# uint8 kernels weigh in 16-bit fixed point, and which kernel runs depends on the CPU (the AVX2
-# one rounds the weights, the generic one truncates them), so no result is bit-equal on every
-# x86-64 machine; lazyxla weighs in float32 and rounds each pass as they do
-# (Note [Resampling uint8]).
-_UINT8_RESAMPLE = "eager weighs in 16-bit fixed point, rounding per CPU kernel (AVX2 or generic)"
-UINT8_TOLERANCES: dict[str, tuple[int, str]] = {
-    "nn.functional.interpolate.bilinear": (1, _UINT8_RESAMPLE),
-    "nn.functional.upsample_bilinear": (1, _UINT8_RESAMPLE),
-    "_upsample_bilinear2d_aa": (1, _UINT8_RESAMPLE),
-    "nn.functional.interpolate.bicubic": (2, _UINT8_RESAMPLE),
-}
-
-# Entries whose outputs are defined up to a sign (real) or a phase (complex) per column
-# (eigenvectors): columns are normalized (largest-magnitude entry real positive) on both sides
-# before comparing.
-SIGN_FREE = {"linalg.eigh": 1, "eigh": 1, "linalg.eig": 1}
 
 
 def _dim_arg(pos: int, default: int = -1) -> Any:
@@ -1001,151 +835,6 @@ def read_log(path: str) -> dict[str, Result]:
     return out
 
 
-# --- totals and the report -----------------------------------------------------------------------
-
-
-def totals(results: list[Result]) -> dict[str, Any]:
-    n = len(results)
-    count = {s: sum(r.status == s for r in results) for s in (LOWERED, FALLBACK, SKIPPED, FAILS)}
-    with_grad = [r for r in results if r.grad != NA]
-    gcount = {s: sum(r.grad == s for r in with_grad) for s in (LOWERED, FALLBACK, SKIPPED, FAILS)}
-    return {
-        "entries": n,
-        **count,
-        "native_pct": 100.0 * count[LOWERED] / max(n, 1),
-        "native_or_fallback_pct": 100.0 * (count[LOWERED] + count[FALLBACK]) / max(n, 1),
-        "grad_entries": len(with_grad),
-        "grad": gcount,
-        "grad_match_pct": 100.0 * (gcount[LOWERED] + gcount[FALLBACK]) / max(len(with_grad), 1),
-    }
-
-
-_HEADER = """\
-# Op coverage: PyTorch's OpInfo database on lazyxla
-
-Generated by `python -m lazyxla.tools.op_coverage` (do not edit; `tests/ops/test_opinfo.py`
-checks that every status below is current). Each `op_db` entry runs its first {samples} sample
-inputs in its primary dtype (float32 where supported) and its first {extra} in each other dtype
-of bfloat16, float16, int64, bool, float64, complex64 and uint8 that it supports, on lazyxla
-and on eager CPU; values and
-float32 gradients are compared with `torch.testing.assert_close`. `make test-ops-full` runs
-every sample in each of those dtypes.
-
-- Eager is not exact: it rounds in other places than XLA (a bf16 `addbmm` rounds per batch, a
-  float32 sum adds in another order). Where lazyxla and eager differ, the sample is rerun in
-  float64 and lazyxla passes if each of its values is no farther from that result than eager's:
-  a lowering that loses precision eager keeps fails, one that keeps more passes.
-- bfloat16 and float16 values have no tolerance: each element is bit-equal to eager's or no
-  farther from the float64 result (NaN where eager and float64 have numbers fails; an overflow
-  to inf passes where it is the correctly rounded float64 result). float32 values are compared
-  within `assert_close`'s tolerance, which is also added to eager's distance; complex64 values
-  likewise against complex128. Integer and bool outputs, and values selected from the input
-  (`sort`, `topk`), are exact, but for uint8 image resamples: eager weighs them in 16-bit fixed
-  point with a kernel chosen by the CPU, and lazyxla's are within 1 (bilinear) or 2 (bicubic).
-- `linear_cross_entropy` with chunking options: PyTorch picks the algorithm by device type (bf16
-  and fp16 accumulate in float32 on cpu, in the input dtype on devices it does not list, such as
-  jax or torch_xla's xla), so eager runs the sample with the options the jax device resolves.
-- Samples whose eager result is complex32 (`view_as_complex`/`complex` of float16) are not run:
-  XLA has no complex32 type, and lazyxla raises a TypeError naming the dtype.
-- Outputs defined up to a choice (eigenvector and singular-vector signs, the index of tied values
-  in `sort`/`topk`/`kthvalue`/`mode`/`median`) are compared after normalizing that choice.
-
-- **lowered**: runs natively and matches; **fallback**: matches, with the named aten ops run by the
-  CPU fallback (counted as `aten::<op>` in `lazyxla.debug.metrics`); **skipped**: not run, for the
-  reason given; **fails**: a mismatch or an error eager CPU does not raise.
-- Gradient column: the same statuses for the float32 gradients; `n/a` where the entry has no
-  autograd support.
-- Data-dependent output shapes (`nonzero`, `unique`, `masked_select`, boolean-mask indexing)
-  cannot be traced into a static XLA graph: they run through the counted CPU fallback.
-
-"""
-
-
-def render_markdown(results: list[Result]) -> str:
-    t = totals(results)
-    g = t["grad"]
-    lines = [_HEADER.format(samples=DEFAULT_SAMPLES, extra=EXTRA_DTYPE_SAMPLES)]
-    lines.append("## Totals\n")
-    lines.append(f"- entries: {t['entries']}")
-    lines.append(
-        f"- forward: lowered {t[LOWERED]} ({t['native_pct']:.1f}%), fallback {t[FALLBACK]}, "
-        f"lowered or fallback {t['native_or_fallback_pct']:.1f}%, skipped {t[SKIPPED]}, "
-        f"fails {t[FAILS]}"
-    )
-    lines.append(
-        f"- gradients ({t['grad_entries']} entries with autograd): lowered {g[LOWERED]}, "
-        f"fallback {g[FALLBACK]}, skipped {g[SKIPPED]}, fails {g[FAILS]}; match "
-        f"{t['grad_match_pct']:.1f}%"
-    )
-    lines.append("")
-    lines.append("## Entries\n")
-    lines.append("| op | status | gradient | reason |")
-    lines.append("| --- | --- | --- | --- |")
-    for r in sorted(results, key=lambda r: r.key):
-        reason = "; ".join(
-            x for x in (r.reason, f"grad: {r.grad_reason}" if r.grad_reason else "") if x
-        )
-        lines.append(f"| `{r.key}` | {r.status} | {r.grad} | {_md_escape(reason)} |")
-    return "\n".join(lines) + "\n"
-
-
-def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
-_ROW = re.compile(r"^\| `(?P<key>[^`]+)` \| (?P<status>\S+) \| (?P<grad>\S+) \| (?P<reason>.*) \|$")
-
-
-def parse_markdown(text: str) -> list[Result]:
-    """The entries of a rendered report (the reason column holds both reasons)."""
-    out = []
-    for line in text.splitlines():
-        m = _ROW.match(line)
-        if m:
-            reason = m["reason"].replace("\\|", "|")
-            out.append(Result(m["key"], m["status"], reason, m["grad"]))
-    return out
-
-
-def doc_keys() -> list[str]:
-    """Entry keys of the committed report, without importing op_db (fast test collection)."""
-    with open(DOC_PATH) as f:
-        return [r.key for r in parse_markdown(f.read())]
-
-
-def print_table(results: list[Result]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    colors = {LOWERED: "green", FALLBACK: "yellow", SKIPPED: "blue", FAILS: "red", NA: "dim"}
-    table = Table(title="lazyxla op coverage (OpInfo op_db)")
-    for col in ("op", "status", "gradient", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in sorted(results, key=lambda r: r.key):
-        reason = "; ".join(
-            x for x in (r.reason, f"grad: {r.grad_reason}" if r.grad_reason else "") if x
-        )
-        table.add_row(
-            r.key,
-            f"[{colors[r.status]}]{r.status}[/]",
-            f"[{colors[r.grad]}]{r.grad}[/]",
-            reason,
-        )
-    console = Console()
-    console.print(table)
-    t = totals(results)
-    g = t["grad"]
-    console.print(
-        f"entries {t['entries']}: lowered {t[LOWERED]} ({t['native_pct']:.1f}%), fallback "
-        f"{t[FALLBACK]} (lowered or fallback {t['native_or_fallback_pct']:.1f}%), skipped "
-        f"{t[SKIPPED]}, fails {t[FAILS]}"
-    )
-    console.print(
-        f"gradients ({t['grad_entries']}): lowered {g[LOWERED]}, fallback {g[FALLBACK]}, skipped "
-        f"{g[SKIPPED]}, fails {g[FAILS]}; match {t['grad_match_pct']:.1f}%"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lazyxla.tools.op_coverage")
     p.add_argument("--full", action="store_true", help="every sample, every dtype")
@@ -1164,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
         help="only this dtype (repeatable; e.g. float16); gradients only with float32",
     )
     args = p.parse_args(argv)
+    from .op_coverage_report import print_table, render_markdown  # (it imports this module)
+
     keys = [k for k in op_db() if args.k is None or args.k in k]
     dtypes = None if args.dtype is None else [getattr(torch, d) for d in args.dtype]
     t0 = time.perf_counter()

@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from lazyxla.tools import op_coverage as oc
+from lazyxla.tools import op_coverage_report as ocr
 
 # Entries not run through the backend, with the reason (none today; a failure is fixed or listed).
 COMPILE_SKIPS: dict[str, str] = {}
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("-k", default="", help="only entries whose key contains this substring")
     args = p.parse_args(argv)
     failed = 0
-    keys = [k for k in oc.doc_keys() if args.k in k]
+    keys = [k for k in ocr.doc_keys() if args.k in k]
     for key in keys:
         why = check(key) or check_grad(key)
         if why is not None:

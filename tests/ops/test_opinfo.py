@@ -15,6 +15,7 @@ import os
 import pytest
 
 from lazyxla.tools import op_coverage as oc
+from lazyxla.tools import op_coverage_report as ocr
 
 FULL = os.environ.get("LAZYXLA_OPINFO_FULL") == "1"
 NSHARDS = 2
@@ -22,11 +23,11 @@ NSHARDS = 2
 
 def _committed() -> dict[str, tuple[str, str]]:
     with open(oc.DOC_PATH) as f:
-        return {r.key: (r.status, r.grad) for r in oc.parse_markdown(f.read())}
+        return {r.key: (r.status, r.grad) for r in ocr.parse_markdown(f.read())}
 
 
 def shard(i: int) -> list[str]:
-    return oc.doc_keys()[i::NSHARDS]
+    return ocr.doc_keys()[i::NSHARDS]
 
 
 def check_entry(key: str) -> None:
@@ -51,14 +52,14 @@ def test_report_is_current():
     own rows (totals, header); each row's status is checked live by test_opinfo."""
     with open(oc.DOC_PATH) as f:
         text = f.read()
-    results = oc.parse_markdown(text)
+    results = ocr.parse_markdown(text)
     assert sorted(r.key for r in results) == sorted(oc.op_db())
-    assert oc.render_markdown(results) == text
+    assert ocr.render_markdown(results) == text
 
 
 def test_targets():
     """The issue's acceptance numbers, on the committed (live-checked) statuses."""
-    t = oc.totals(list(oc.parse_markdown(open(oc.DOC_PATH).read())))
+    t = ocr.totals(list(ocr.parse_markdown(open(oc.DOC_PATH).read())))
     assert t[oc.FAILS] == 0 and t["grad"][oc.FAILS] == 0
     assert t["native_pct"] >= 90.0
     assert t["native_or_fallback_pct"] >= 97.0

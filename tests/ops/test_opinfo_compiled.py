@@ -9,12 +9,13 @@ import pytest
 
 from lazyxla.tools import op_coverage as oc
 from lazyxla.tools import op_coverage_compiled as occ
+from lazyxla.tools import op_coverage_report as ocr
 
 NSHARDS = 2
 
 
 def shard(i: int) -> list[str]:
-    return oc.doc_keys()[i::NSHARDS]
+    return ocr.doc_keys()[i::NSHARDS]
 
 
 def check_entry(key: str) -> None:
@@ -29,4 +30,4 @@ def test_opinfo_compiled(key):
 
 def test_compile_skips_have_reasons():
     for key, reason in {**occ.COMPILE_SKIPS, **oc.LAYOUT_DIFFERS}.items():
-        assert reason.strip() and key in oc.doc_keys(), key
+        assert reason.strip() and key in ocr.doc_keys(), key
