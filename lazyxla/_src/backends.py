@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Final, Literal
 
-from . import compat
+from . import xlac
 
 logger = logging.getLogger("lazyxla.backends")
 
@@ -36,9 +36,9 @@ def set_mat_mul_precision(precision: Precision) -> None:
             f"Invalid precision: {precision}. Must be one of {_DEFAULT}, {_HIGH}, {_HIGHEST}."
         )
     logger.warning(_WARNING_MESSAGE)
-    compat._xla_set_mat_mul_precision(precision)
+    xlac._xla_set_mat_mul_precision(precision)
 
 
 def get_mat_mul_precision() -> Precision:
     """The current precision of 32-bit matmuls and convolutions."""
-    return compat._xla_get_mat_mul_precision()  # type: ignore[return-value]
+    return xlac._xla_get_mat_mul_precision()  # type: ignore[return-value]

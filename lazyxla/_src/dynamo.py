@@ -506,7 +506,7 @@ def _any_marked(args: Sequence[Any]) -> bool:
 
 def _mark_donors(donors: dict[int, bool], args: Sequence[Any]) -> None:
     """Mark the trace's donor arguments, after adding the arguments marked now (sticky)."""
-    from .compat import _set_buffer_donation
+    from .xlac import _set_buffer_donation
 
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE:
@@ -520,7 +520,7 @@ def _mark_donors(donors: dict[int, bool], args: Sequence[Any]) -> None:
 def _set_buffer_donor(t: torch.Tensor, should_donoate: bool) -> torch.Tensor:
     """`torch.ops.xla.dynamo_set_buffer_donor_` on a lazyxla tensor: mark its buffer (a graph
     input while a trace runs: make it a donor of the trace)."""
-    from .compat import _set_buffer_donation
+    from .xlac import _set_buffer_donation
 
     node = read(state(t))[0]
     if node.op == GRAPH_INPUT and _trace_donors:

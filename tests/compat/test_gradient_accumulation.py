@@ -14,8 +14,8 @@ from torch import nn
 
 import lazyxla
 from lazyxla._src import sharding
-from lazyxla._src.compat import _get_xla_sharding_spec
 from lazyxla._src.tensor import state
+from lazyxla._src.xlac import _get_xla_sharding_spec
 from lazyxla.debug import metrics
 from lazyxla.experimental.gradient_accumulation import gradient_accumulation
 from lazyxla.utils.checkpoint import checkpoint

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lazyxla
-from lazyxla._src import api, compat, debug
+from lazyxla._src import api, debug, xlac
 from lazyxla._src.op_builder import is_placeholder, tensors_handle
 from lazyxla.core.xla_builder import create_placeholder_tensor
 from lazyxla.debug import metrics
@@ -78,7 +78,7 @@ def test_handles_unique_and_donated_buffers_have_none():
     t1 = torch.randn(4, 2, 2).to(DEV)
     h_t1 = tensors_handle([t1])[0]
     assert tensors_handle([t1]) == [h_t1] and h_t1 not in (h1, h2)
-    assert compat._set_buffer_donation(t0, True)
+    assert xlac._set_buffer_donation(t0, True)
     _ = t0 + t1
     lazyxla.sync(wait=True)
     assert is_placeholder(t0) and not is_placeholder(t1)
@@ -108,10 +108,10 @@ def test_sharded_placeholder_stages_the_sharded_graph():
         sharding.use_spmd()
         mesh = xs.Mesh(np.arange(8), (8, 1), ("x", "y"))
         p = create_placeholder_tensor((8, 4), torch.float32)
-        assert compat._get_xla_sharding_spec(p) == ""
+        assert xlac._get_xla_sharding_spec(p) == ""
         xs.mark_sharding(p, mesh, ("x", None))
         assert is_placeholder(p)
-        assert compat._get_xla_sharding_spec(p) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
+        assert xlac._get_xla_sharding_spec(p) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
         r = torch.randn(8, 4).to(DEV)
         xs.mark_sharding(r, mesh, ("x", None))
         assert api.graph_hash([p.sin()]) == api.graph_hash([r.sin()])

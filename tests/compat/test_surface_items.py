@@ -24,7 +24,7 @@ import lazyxla.core.xla_model as xm
 import lazyxla.debug.metrics as met
 import lazyxla.debug.profiler as xp
 import lazyxla.distributed.parallel_loader as pl
-from lazyxla._src import compat, metrics, op_builder, sharding
+from lazyxla._src import metrics, op_builder, sharding, xlac
 from lazyxla.distributed.spmd import xla_sharding as xs
 
 dev = lazyxla.device()
@@ -49,7 +49,7 @@ def test_item_counts_local_scalar_dense_as_torch_xla_does():
     assert "aten::_local_scalar_dense" in met.short_metrics_report()
     # listed as torch_xla lists it; lazyxla's own list of CPU ops leaves the read out
     assert met.executed_fallback_ops() == ["aten::_local_scalar_dense"]
-    assert compat._get_executed_fallback_ops() == ["aten::_local_scalar_dense"]
+    assert xlac._get_executed_fallback_ops() == ["aten::_local_scalar_dense"]
     assert metrics.cpu_fallback_ops() == []
 
 
@@ -171,7 +171,7 @@ def test_the_checks_pass_what_eager_accepts():
 def test_custom_call_checks_its_arguments_and_records_the_target():
     x = torch.rand(10, device=dev)
     with pytest.raises(RuntimeError, match=re.escape("custom_call(t): expected at least 1")):
-        compat._make_xlac()._xla_custom_call([], "t", [[1]], [torch.int8], False, "", 0, {})
+        xlac._make_xlac()._xla_custom_call([], "t", [[1]], [torch.int8], False, "", 0, {})
     with pytest.raises(RuntimeError, match=re.escape("output shapes (size=2) to be of the same")):
         op_builder.custom_call((x,), "t", [[1], [1]], [torch.int8])
     with pytest.raises(NotImplementedError, match="TPU"):
@@ -195,14 +195,14 @@ def test_user_computation_matches_eager_and_compiles_once_per_hlo():
     met.clear_all()
     for _ in range(2):  # two computations with the same HLO: one executable
         comp = xb.create_computation("diff", fn, [xb.tensor_shape(a), xb.tensor_shape(b)])
-        d, s = compat._make_xlac()._xla_user_computation("xla::diff", [a, b], comp)
+        d, s = xlac._make_xlac()._xla_user_computation("xla::diff", [a, b], comp)
         lazyxla.sync()
     assert met.counter_value("UncachedCompile") == 1
     torch.testing.assert_close(d.cpu(), (x - y).abs())
     torch.testing.assert_close(s.cpu(), x.sin())
     assert "sine" in xb.get_computation_hlo(comp)
     with pytest.raises(RuntimeError, match=re.escape("user_computation(xla::diff): expected at")):
-        compat._make_xlac()._xla_user_computation("xla::diff", [], comp)
+        xlac._make_xlac()._xla_user_computation("xla::diff", [], comp)
 
 
 # --- SPMD: loader input shardings, send_cpu_data_to_device, golden strings --------------------
@@ -236,7 +236,7 @@ def test_loader_and_send_cpu_data_place_batches_as_torch_xla(spmd):
     batch = {"x": torch.randn(16, 8), "y": torch.randn(16, 8, 2)}
     tiled = "{devices=[8,1]0,1,2,3,4,5,6,7}"
     data = next(iter(pl.MpDeviceLoader(_Batches(batch), dev)))
-    assert [compat._get_xla_sharding_spec(data[k]) for k in "xy"] == ["{replicated}"] * 2
+    assert [xlac._get_xla_sharding_spec(data[k]) for k in "xy"] == ["{replicated}"] * 2
     sharded = next(
         iter(
             pl.MpDeviceLoader(
@@ -244,15 +244,15 @@ def test_loader_and_send_cpu_data_place_batches_as_torch_xla(spmd):
             )
         )
     )
-    assert compat._get_xla_sharding_spec(sharded["x"]) == tiled
-    assert compat._get_xla_sharding_spec(sharded["y"]) == "{replicated}"  # rank 3: not its spec
+    assert xlac._get_xla_sharding_spec(sharded["x"]) == tiled
+    assert xlac._get_xla_sharding_spec(sharded["y"]) == "{replicated}"  # rank 3: not its spec
     (t,) = xm.send_cpu_data_to_device(batch["x"], dev, xs.ShardingSpec(mesh, ("x", None)))
-    assert compat._get_xla_sharding_spec(t) == tiled
+    assert xlac._get_xla_sharding_spec(t) == tiled
     for k in "xy":
         torch.testing.assert_close(data[k].cpu(), batch[k], rtol=0, atol=0)
         torch.testing.assert_close(sharded[k].cpu(), batch[k], rtol=0, atol=0)
     torch.testing.assert_close(t.cpu(), batch["x"], rtol=0, atol=0)
-    assert compat._get_xla_sharding_spec(torch.randn(2).to(dev)) == ""  # not through the loader
+    assert xlac._get_xla_sharding_spec(torch.randn(2).to(dev)) == ""  # not through the loader
 
 
 def _golden(prefix):
@@ -268,13 +268,13 @@ def test_permuted_mesh_strings_match_torch_xla(spmd):
         x = torch.randn(8, 8)
         t = x.to(dev)
         xs.mark_sharding(t, mesh, spec)
-        assert compat._get_xla_sharding_spec(t) == _golden(f"permuted mesh (2,4) {label}")
+        assert xlac._get_xla_sharding_spec(t) == _golden(f"permuted mesh (2,4) {label}")
         torch.testing.assert_close((t * 2).cpu(), x * 2)
     grid = xs.Mesh(np.arange(8), (4, 2), ("x", "y"))
     for spec, label in (((None, "y"), "partial (None,'y')"), (("x", "y"), "full ('x','y')")):
         t = torch.randn(8, 8).to(dev)
         xs.mark_sharding(t, grid, spec)
-        assert compat._get_xla_sharding_spec(t) == _golden(label)
+        assert xlac._get_xla_sharding_spec(t) == _golden(label)
 
 
 # --- XLAShardedTensor's DTensor attributes ----------------------------------------------------
@@ -292,7 +292,7 @@ def test_sharded_tensor_spec_placements_and_redistribute(spmd):
     out = st.redistribute(mesh, [Replicate(), Shard(1)])
     assert out.partition_spec == (None, 1)
     assert (
-        compat._get_xla_sharding_spec(out)
+        xlac._get_xla_sharding_spec(out)
         == "{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
     )
     torch.testing.assert_close(out.cpu(), x, rtol=0, atol=0)
@@ -374,22 +374,22 @@ def test_trace_detached_keeps_the_trace_when_the_program_ends_first(tmp_path):
 def test_spmd_outputs_show_their_sharding_and_executions_are_replicated_time(spmd):
     x = torch.randn(4, 4)
     t = x.to(dev)
-    assert compat._get_xla_sharding_spec(t) == ""  # an unannotated upload
+    assert xlac._get_xla_sharding_spec(t) == ""  # an unannotated upload
     met.clear_all()
     y = t @ t
     lazyxla.sync()
-    assert compat._get_xla_sharding_spec(y) == "{replicated}"  # what an SPMD execution returned
+    assert xlac._get_xla_sharding_spec(y) == "{replicated}"  # what an SPMD execution returned
     assert met.metric_data("ExecuteReplicatedTime")[0] == 1
     assert met.metric_data("ExecuteTime") is None
     torch.testing.assert_close(y.cpu(), x @ x)
     xs.mark_sharding(t, xs.get_1d_mesh("x"), ("x", None))
     xs.clear_sharding(t)
-    assert compat._get_xla_sharding_spec(t) == ""
+    assert xlac._get_xla_sharding_spec(t) == ""
     torch.testing.assert_close(t.cpu(), x, rtol=0, atol=0)
 
 
 def test_global_tensor_from_cpu_shards(spmd):
-    from_shards = compat._make_xlac()._global_tensor_from_cpu_shards
+    from_shards = xlac._make_xlac()._global_tensor_from_cpu_shards
     mesh = xs.Mesh(np.arange(8), (4, 2))
     tiled = [torch.tensor([[i]]) for i in range(8)]
     out = from_shards(tiled, mesh.get_op_sharding((0, 1)))

@@ -13,7 +13,7 @@ import lazyxla
 import lazyxla.compat
 import lazyxla.debug.metrics as met
 import lazyxla.debug.profiler as xp
-from lazyxla._src import compat as compat_src
+from lazyxla._src import xlac as xlac_src
 from lazyxla._src.tensor import state
 from lazyxla.core import xla_model as xm
 from lazyxla.experimental.custom_kernel import repeat_with_fixed_output_size
@@ -186,7 +186,7 @@ def test_data_wrappers_and_the_tensor_arena():
 
 
 def test_xlac_entries():
-    xlac = compat_src._make_xlac()
+    xlac = xlac_src._make_xlac()
     cpu = [torch.randn(2, 2, requires_grad=True), torch.arange(3)]
     got = xlac._xla_tensors_from_aten(cpu, [str(dev)] * 2)
     assert [t.device for t in got] == [dev, dev] and got[0].requires_grad
@@ -235,7 +235,7 @@ def test_check_view_sharing(device):
 
 
 def test_replace_xla_tensor_keeps_the_object_and_takes_the_value():
-    xlac = compat_src._make_xlac()
+    xlac = xlac_src._make_xlac()
     p = torch.nn.Parameter(torch.randn(5, device=dev))
     ident = id(p)
     xlac._replace_xla_tensor(p, torch.full((2,), 3.0, device=dev))

@@ -6,10 +6,10 @@ import torch
 
 import lazyxla
 import lazyxla.distributed.spmd as xs
-from lazyxla._src import compat, manual
+from lazyxla._src import manual, xlac
 
 dev = lazyxla.device()
-XLAC = compat._make_xlac()
+XLAC = xlac._make_xlac()
 
 
 def test_full_to_shard_then_shard_to_full_matches_eager(mesh):

@@ -10,8 +10,8 @@ from torch import nn
 
 import lazyxla
 import lazyxla.distributed.spmd as xs
-from lazyxla._src.compat import _get_xla_sharding_spec, _get_xla_tensor_debug_info
 from lazyxla._src.debug import hlo_text
+from lazyxla._src.xlac import _get_xla_sharding_spec, _get_xla_tensor_debug_info
 from lazyxla.distributed.spmd.xla_sharding import apply_xla_patch_to_nn_linear
 from lazyxla.experimental.scan import scan
 from lazyxla.experimental.scan_layers import scan_layers

@@ -17,8 +17,8 @@ import lazyxla
 import lazyxla.debug.metrics as met
 import lazyxla.distributed.spmd as xs
 from lazyxla._src import runtime_api
-from lazyxla._src.compat import _get_xla_sharding_spec
-from lazyxla._src.compat import _get_xla_tensor_debug_info as debug_info
+from lazyxla._src.xlac import _get_xla_sharding_spec
+from lazyxla._src.xlac import _get_xla_tensor_debug_info as debug_info
 
 dev = lazyxla.device()
 
