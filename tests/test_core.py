@@ -122,6 +122,50 @@ def test_key_numbers_inputs_by_position():
     torch.testing.assert_close(r2, 2 * (a.cpu() - b.cpu()))
 
 
+@pytest.mark.parametrize(
+    "host",
+    [
+        torch.arange(31),
+        torch.randn(64, 33),
+        torch.randn(5, 4).t(),  # non-contiguous: uploaded in its logical order
+        torch.tensor(-0.0),  # 0-d: the device data cache's key keeps the sign bit
+        torch.tensor([1.5, -2.25, float("nan")], dtype=torch.bfloat16),
+        torch.tensor([True, False, True]),
+        torch.randn(3, dtype=torch.complex64),
+        torch.zeros(0, 3, dtype=torch.float16),
+        torch.tensor([2**40, -(2**62)], dtype=torch.int64),
+    ],
+    ids=["int64", "f32", "transposed", "neg-zero", "bf16", "bool", "c64", "empty", "wide-int"],
+)
+def test_an_upload_to_one_device_is_jax_device_puts_array(host, monkeypatch):
+    """Note [Uploads to one device]: `.to(device)` calls jaxlib's transfer directly. The array is
+    the one jax.device_put makes (bits, dtype, shape, sharding, committed), it is a copy (a
+    later write to the host tensor does not reach it), and jax.device_put is not called."""
+    import jax
+    import numpy as np
+
+    from lazyxla._src import runtime
+
+    expected = jax.device_put(runtime.to_numpy(host), runtime.default_device())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an upload to one device took jax.device_put")
+
+    monkeypatch.setattr(jax, "device_put", refuse)
+    src = host.clone()
+    t = src.to(dev)
+    arr = state(t).value[0].data
+    assert arr.dtype == expected.dtype and arr.shape == expected.shape
+    assert arr.sharding == expected.sharding and arr.committed
+    bits = [np.asarray(a).reshape(-1).view(np.uint8) for a in (arr, expected)]
+    assert np.array_equal(*bits)  # (bit for bit: -0.0 and NaN)
+    if src.numel():
+        src.fill_(0)  # the device array is a copy
+    monkeypatch.undo()
+    bits = [x.contiguous().reshape(-1).view(torch.uint8) for x in (t.cpu(), host)]
+    assert torch.equal(*bits)
+
+
 def test_model_to_device_and_back_and_save():
     torch.manual_seed(0)
     m = torch.nn.Linear(4, 3)
