@@ -9,7 +9,11 @@ timed region only records the ops into the IR (no sync; the sync that follows ea
 not timed). Eager runs the same chain on the CPU. The cheap chains are timed in interleaved
 rounds (lazy, eager, lazy, ...) and report the minimum of each, the figure least disturbed by a
 shared machine's load; so are view ops (transpose, select, view, slice of a (128, 128) tensor),
-whose eager cost is only the new tensor's metadata.
+whose eager cost is only the new tensor's metadata. Last, host-to-device uploads (`.to(device)`)
+of three sizes beside `jax.device_put` of the same array and an eager host copy (`clone`), in
+interleaved rounds (Note [Uploads to one device]). jax.device_put on the CPU aliases an aligned
+numpy buffer (a torch tensor's is) instead of copying it; lazyxla copies first, since the host
+tensor stays writable, so a large upload costs it one host copy more.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import jax
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -112,6 +117,27 @@ def view_ops(x: torch.Tensor, n_ops: int = N_OPS) -> None:
         x[:, 2:5]
 
 
+def upload_us(host: torch.Tensor, rounds: int = 200) -> tuple[float, float, float]:
+    """Minimum µs of `.to(device)` on lazyxla, of `jax.device_put` of the same values, and of an
+    eager host copy (`clone`), in interleaved rounds."""
+    dev = lazyxla.device()
+    arr, jdev = host.numpy(), jax.devices()[0]
+    fns = (
+        lambda: host.to(dev),
+        lambda: jax.block_until_ready(jax.device_put(arr, jdev)),
+        lambda: host.clone(),
+    )
+    best = [float("inf")] * 3
+    for i in range(rounds + 20):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if i >= 20:
+                best[k] = min(best[k], dt)
+    return best[0] * 1e6, best[1] * 1e6, best[2] * 1e6
+
+
 def main() -> None:
     """Measure and print the table."""
     torch.manual_seed(0)
@@ -155,6 +181,15 @@ def main() -> None:
         f"view ops `x.t(), x[3], x.view(-1), x[:, 2:5]` ({N_OPS} ops, min of interleaved "
         f"rounds): lazyxla [bold]{lazy_v:.1f} µs/op[/], eager {eager_v:.1f} µs/op"
     )
+    uploads = Table(title="host -> device upload, float32 (µs, min of interleaved rounds)")
+    for col in ("shape", "lazyxla .to(device)", "jax.device_put", "eager clone", "vs device_put"):
+        uploads.add_column(col, justify="right")
+    for shape in ((31,), (64, 512), (1024, 1024)):
+        lazy_u, jax_u, clone_u = upload_us(torch.randn(shape))
+        uploads.add_row(
+            str(shape), f"{lazy_u:.1f}", f"{jax_u:.1f}", f"{clone_u:.1f}", f"{lazy_u / jax_u:.2f}x"
+        )
+    console.print(uploads)
 
 
 if __name__ == "__main__":
