@@ -475,19 +475,19 @@ def _make_xlac() -> types.ModuleType:
     m = types.ModuleType("torch_xla._XLAC", "lazyxla's stand-in for torch_xla's C extension.")
     m._get_xla_tensors_text = debug.ir_text
     m._get_xla_tensors_hlo = debug.hlo_text
-    m._get_xla_sharding_spec = _get_xla_sharding_spec
-    m._get_xla_sharding_type = _get_xla_sharding_type
-    m._xla_increment_counter = _xla_increment_counter
-    m._set_allow_execution = _set_allow_execution
-    m._get_allow_execution = _get_allow_execution
-    m._get_graph_hash = _get_graph_hash
     m._xla_metrics_report = metrics.metrics_report
-    m._init_computation_client = _init_computation_client
-    m._xla_set_mat_mul_precision = _xla_set_mat_mul_precision
-    m._xla_get_mat_mul_precision = _xla_get_mat_mul_precision
-    m._xla_get_default_device = _xla_get_default_device
-    m._xla_sync_multi = _xla_sync_multi
-    for f in (
+    for f in (  # (each under its own name)
+        _get_xla_sharding_spec,
+        _get_xla_sharding_type,
+        _xla_increment_counter,
+        _set_allow_execution,
+        _get_allow_execution,
+        _get_graph_hash,
+        _init_computation_client,
+        _xla_set_mat_mul_precision,
+        _xla_get_mat_mul_precision,
+        _xla_get_default_device,
+        _xla_sync_multi,
         _xla_get_tensor_id,
         _get_xla_tensor_debug_info,
         _get_tensors_xla_device_data_node,
@@ -511,10 +511,10 @@ def _make_xlac() -> types.ModuleType:
         _replace_xla_tensor,
         _set_use_eager_mode,
         _get_use_eager_mode,
+        _get_ir_debug,
+        _set_ir_debug,
     ):
         setattr(m, f.__name__, f)
-    m._get_ir_debug = _get_ir_debug
-    m._set_ir_debug = _set_ir_debug
     from . import op_builder, sharding
 
     m._xla_custom_call = op_builder.custom_call
