@@ -246,6 +246,36 @@ def test_write_through_view_dtype_reaches_base():
     check(prog, torch.randn(3, 4))
 
 
+@pytest.mark.parametrize(
+    "chain",
+    [
+        (torch.int16, torch.uint8),  # two narrowings
+        (torch.int16, torch.int8),
+        (torch.uint8, torch.int16, torch.int32),  # two widenings after one narrowing
+        (torch.int8, torch.float16, torch.int32),
+        (torch.bfloat16, torch.uint8, torch.float32),
+        (torch.complex64, torch.int16, torch.uint8),
+    ],
+    ids=lambda c: "-".join(str(d).removeprefix("torch.") for d in c),
+)
+def test_chained_views_between_widths_compile_and_keep_bits(chain):
+    """Note [Bitcasts between widths]: XLA folded two width-changing bitcasts in a row into one
+    its verifier rejects, so `x.view(torch.int16).view(torch.uint8)` failed to compile. Each view
+    of the chain, read and written through (the view fuzzer's program: a write through the first
+    view, then the next one), holds eager's bits."""
+
+    def prog(x):
+        outs, v = [], x
+        for dt in chain:
+            v = v.view(dt)
+            outs.append(v)
+        outs[0].view(torch.uint8).add_(3)  # a write through a view reaches every other one
+        return outs + [x.view(torch.uint8), *(o.view(torch.uint8) for o in outs)]
+
+    check(prog, torch.randn(3, 8))
+    check(prog, torch.randn(2, 4, dtype=torch.float64))
+
+
 def test_as_strided_reads_storage_order():
     def prog(x):
         y = x.t() * 1  # a base whose storage order is transposed

@@ -335,6 +335,18 @@ def unfold(x, dimension, size, step):
 
 # --- view(dtype): the same bytes read as another dtype --------------------------------------------
 
+# Note [Bitcasts between widths]
+# XLA's algebraic simplifier folds two width-changing bitcast-converts in a row into one, with a
+# shape its own verifier rejects: `x.view(torch.int16).view(torch.uint8)` on float32 (two
+# narrowings; so are two widenings) failed to compile ("Expected instruction to have shape equal
+# to u8[1,4], actual shape is u8[1,2,2]"), even with an op between them whose result is then
+# viewed back (the view fuzzer's program: a write through an int16 view, then a uint8 view). So
+# a width change is never a bitcast-convert here: each element's bits are split into (or joined
+# from) the narrower elements with shifts and masks on unsigned integers of each width, and only
+# same-width bitcasts remain, which the simplifier folds correctly. The order is little-endian:
+# element k of a split holds bits [8*k*w, 8*(k+1)*w) of a w-byte element, as in the CPU's memory
+# and as bitcast_convert_type orders them.
+
 
 def _bitcast(x, dtype):
     """`x`'s bits as `dtype`; the last dimension scales by the itemsize ratio (PyTorch's rule)."""
@@ -361,13 +373,42 @@ def _bitcast_bits(x, src, dst):
     if src.kind == "c":
         parts = jnp.stack([jnp.real(x), jnp.imag(x)], -1).reshape(x.shape[:-1] + (-1,))
         return _bitcast(parts, dst)
-    if src.itemsize > dst.itemsize:  # one element becomes several
-        out = lax.bitcast_convert_type(x, dst)
-        return out.reshape(x.shape[:-1] + (-1,))
-    if src.itemsize < dst.itemsize:
+    if src.itemsize > dst.itemsize:  # one element becomes several (Note [Bitcasts between widths])
+        return _split_bits(x, src, dst).reshape(x.shape[:-1] + (-1,))
+    if src.itemsize < dst.itemsize:  # several become one
         ratio = dst.itemsize // src.itemsize
-        return lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (-1, ratio)), dst)
+        return _join_bits(x.reshape(x.shape[:-1] + (-1, ratio)), src, dst)
     return lax.bitcast_convert_type(x, dst)
+
+
+def _uint(itemsize: int) -> np.dtype:
+    return np.dtype(f"uint{itemsize * 8}")
+
+
+def _split_bits(x, src, dst):
+    """Each `src` element of `x` as its `src.itemsize // dst.itemsize` `dst` elements, on a new
+    last axis, low bits first (Note [Bitcasts between widths])."""
+    wide, narrow = _uint(src.itemsize), _uint(dst.itemsize)
+    bits = lax.bitcast_convert_type(x, wide)
+    width = dst.itemsize * 8
+    mask = np.array((1 << width) - 1, wide)
+    parts = [
+        lax.convert_element_type((bits >> np.array(k * width, wide)) & mask, narrow)
+        for k in range(src.itemsize // dst.itemsize)
+    ]
+    return lax.bitcast_convert_type(jnp.stack(parts, -1), dst)
+
+
+def _join_bits(x, src, dst):
+    """The `dst` elements whose bits are `x`'s last axis of `src` elements, low bits first
+    (Note [Bitcasts between widths])."""
+    wide = _uint(dst.itemsize)
+    parts = lax.convert_element_type(lax.bitcast_convert_type(x, _uint(src.itemsize)), wide)
+    width = src.itemsize * 8
+    out = parts[..., 0]
+    for k in range(1, x.shape[-1]):
+        out = out | (parts[..., k] << np.array(k * width, wide))
+    return lax.bitcast_convert_type(out, dst)
 
 
 def _jnp_dtype(dtype):
