@@ -166,6 +166,32 @@ def test_an_upload_to_one_device_is_jax_device_puts_array(host, monkeypatch):
     assert torch.equal(*bits)
 
 
+@pytest.mark.parametrize("flush_denormal", [False, True], ids=["", "flush-denormal"])
+def test_a_0d_read_keeps_its_bits(flush_denormal):
+    """A 0-d download came back through a Python number: a float32 signaling NaN came back quiet
+    (0x7f800001 -> 0x7fc00001), and with the host flushing denormals (torch.set_flush_denormal,
+    as the view fuzzer runs eager) an int32 view of a float32 whose bits are 1 read 0 (the view
+    re-derived on the host from the downloaded base; the fuzzer's program below). Both keep
+    eager's bits now."""
+
+    def prog(d):
+        t0 = torch.arange(1.0).reshape(()).to(d, copy=True)
+        t1 = t0.view(torch.int32)
+        t1.t().add_(1)  # the write reaches t0, and t1 is re-derived from it
+        snan = torch.tensor(0x7F800001, dtype=torch.int32).to(d).view(torch.float32).clone()
+        return [t1, t0.view(torch.int32), snan.cpu().view(torch.int32)]
+
+    torch.set_flush_denormal(flush_denormal)
+    try:
+        ref = prog("cpu")
+        out = prog(dev)
+        lazyxla.sync()
+        got = [t.cpu() for t in out]
+    finally:
+        torch.set_flush_denormal(False)
+    assert [t.item() for t in got] == [t.item() for t in ref] == [1, 1, 0x7F800001]
+
+
 def test_model_to_device_and_back_and_save():
     torch.manual_seed(0)
     m = torch.nn.Linear(4, 3)

@@ -270,7 +270,7 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     if bits is not None and host.dtype == TORCH_TO_NP[dtype]:
         flat = host.reshape(-1).view(TORCH_TO_NP[bits])
         return torch.from_numpy(flat).view(dtype).reshape(host.shape)
-    out = torch.from_numpy(host) if host.ndim else torch.tensor(host.item(), dtype=dtype)
+    out = torch.from_numpy(host)  # (0-d too: a Python number would quiet a NaN, flush a denormal)
     return out if out.dtype == dtype else out.to(dtype)
 
 
