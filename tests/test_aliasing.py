@@ -212,6 +212,22 @@ def test_fill_of_expanded_view_then_backward_raises_like_eager():
             t.sum().backward()
 
 
+def test_copy_onto_the_same_view_is_a_no_op_even_when_it_overlaps():
+    """Eager's `copy_` returns at once when the source views exactly the destination's elements
+    (Copy.cpp), before its overlap checks; lazyxla raised the internal-overlap error for a stride-0
+    view copied from its own transpose (the view fuzzer's program)."""
+
+    def prog(x):
+        t1 = x.as_strided((2,), (0,), 0)
+        t1.copy_(t1.transpose(0, 0))
+        w = x.reshape(-1)[1:3]
+        w.copy_(x.reshape(-1)[1:3])
+        return [t1, w]
+
+    check(prog, torch.arange(1.0).reshape(()))
+    check(prog, torch.arange(4.0))
+
+
 def test_loop_order_dependent_copy_into_overlapping_view_raises():
     """A masked fill's gradient, or any source that can give two aliases of one location two
     values, leaves the location to eager's loop order: lazyxla refuses it rather than pick."""

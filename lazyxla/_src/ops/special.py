@@ -95,7 +95,7 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     if dst.device.type != DEVICE_TYPE:  # device → host copy into an existing CPU tensor
         dst.copy_(download(src))
         return dst
-    if src is dst:
+    if src is dst or (isinstance(src, torch.Tensor) and _same_data(dst, src)):
         return dst
     if not isinstance(src, torch.Tensor):  # `t.copy_(3)`: a wrapped number, as eager takes it
         src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES[type(src)])
@@ -106,6 +106,21 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     ds = state(dst)
     write(ds, cast_value(read(state(src)), ds.spec))
     return dst
+
+
+def _same_data(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether `src` views exactly `dst`'s elements as `dst` does: eager's `copy_` returns at
+    once then (Copy.cpp), before its overlap checks (a stride-0 view copied onto itself)."""
+    return (
+        src.device == dst.device
+        and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
+        and src.storage_offset() == dst.storage_offset()
+        and src.stride() == dst.stride()
+        and src.shape == dst.shape
+        and src.dtype == dst.dtype
+        and src.is_conj() == dst.is_conj()
+        and src.is_neg() == dst.is_neg()
+    )
 
 
 def _check_copy_shapes(dst: torch.Size, src: torch.Size) -> None:
