@@ -423,7 +423,7 @@ class _ScalarArrays:
 def _put_scalar(v: np.generic) -> jax.Array:
     """A kept scalar's device array: an upload, counted as `_upload` counts a tensor's."""
     with metrics.timed("TransferToDeviceTime"):
-        a = jax.device_put(v, default_device())
+        a = device_put(np.asarray(v), default_device())
     metrics.metric_add("OutboundData", v.nbytes)
     metrics.counter_inc("CreateDataHandles")
     return a

@@ -110,10 +110,11 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
 
 def _same_data(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Whether `src` views exactly `dst`'s elements as `dst` does: eager's `copy_` returns at
-    once then (Copy.cpp), before its overlap checks (a stride-0 view copied onto itself)."""
+    once then (Copy.cpp), before its overlap checks (a stride-0 view copied onto itself). The
+    storage is compared first: a copy between two storages, the common one, stops there."""
     return (
-        src.device == dst.device
-        and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
+        src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
+        and src.device == dst.device
         and src.storage_offset() == dst.storage_offset()
         and src.stride() == dst.stride()
         and src.shape == dst.shape
