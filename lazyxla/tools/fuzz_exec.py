@@ -254,7 +254,9 @@ def _ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_values(a: torch.Tensor, b: torch.Tensor, divided: bool = False) -> bool:
+    """Equal values; `divided`: the values went through a division that leaves the integers
+    (compared to a few ulps, as past the exact-integer range, below)."""
     a, b = a.detach(), b.detach()
     if a.is_complex():
         a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
@@ -268,6 +270,8 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         # FMA contraction and evaluation order, not on views; a few ulps are the same value.
         eps = torch.finfo(a.dtype).eps
         big = a.abs() >= 2 / eps
+        if divided:
+            big = torch.ones_like(big)
         eq = eq | (big & ((a - b).abs() <= 4 * eps * a.abs()))
     return bool(eq.all())
 
@@ -466,8 +470,14 @@ class _Run:
                 )
                 continue
             gzc = gz.detach().cpu()
-            if not _same_values(ge, gzc):
-                kinds = sorted({k for k in map(kind_of, [o.expr for o in self.program.ops])})
+            kinds = sorted({k for k in map(kind_of, [o.expr for o in self.program.ops])})
+            # as_strided's backward over an input whose elements share locations (an expand's)
+            # divides each location's gradient by how many input elements read it, and the
+            # backward of what made the overlap sums those shares again: 7 / 6 summed six times
+            # is 6.9999995 on eager and 7.0 on lazyxla, 17 is 17.0 and 16.999998. Neither is the
+            # exact one; the sum's order differs (eager's CPU kernel against XLA's reduction).
+            divided = "as_strided" in kinds
+            if not _same_values(ge, gzc, divided):
                 self.add("grad", f"{n}.grad", _short(ge), _short(gzc), "+".join(kinds))
 
 
