@@ -96,6 +96,46 @@ def test_batches_of_other_lengths_share_one_graph():
     assert met.counter_value("UncachedCompile") == before
 
 
+def test_each_lengths_list_is_uploaded_once():
+    """Note [CTC uploads]: the forward and the backward kernel share one upload of each lengths
+    list, and a later step with the same lists uploads neither (they were four uploads a step);
+    the losses and gradients stay eager's."""
+    from lazyxla._src import ctc
+
+    ctc._LENGTHS.clear()  # (lists another test uploaded would be there already)
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4, C).double()
+    lazy = torch.nn.Linear(4, C).double().to(dev)
+    lazy.load_state_dict(cpu.state_dict())
+
+    def step(model, device, input_lengths, target_lengths, seed):
+        g = torch.Generator().manual_seed(seed)
+        x, targets = (
+            torch.randn(T, 3, 4, generator=g).double(),
+            torch.randint(1, C, (3, 6), generator=g),
+        )
+        before = met.counter_value("CreateDataHandles") or 0
+        loss = F.ctc_loss(
+            model(x.to(device)).log_softmax(-1), targets.to(device), input_lengths, target_lengths
+        )
+        loss.backward()
+        uploads = (met.counter_value("CreateDataHandles") or 0) - before
+        grad = model.weight.grad.cpu().clone()
+        model.zero_grad()
+        return loss.detach().cpu(), grad, uploads
+
+    lengths = [([12, 10, 5], [6, 4, 2]), ([12, 10, 5], [6, 4, 2]), ([9, 11, 7], [5, 3, 1])]
+    uploads = []
+    for seed, (il, tl) in enumerate(lengths):
+        ref, ref_grad, _ = step(cpu, "cpu", il, tl, seed)
+        loss, grad, n = step(lazy, dev, il, tl, seed)
+        torch.testing.assert_close(loss, ref)
+        torch.testing.assert_close(grad, ref_grad)
+        uploads.append(n)
+    assert uploads[0] - uploads[1] == 2, uploads  # the two lists, once each
+    assert uploads[2] == uploads[0], uploads  # new lists: uploaded again
+
+
 def test_bad_lengths_and_dtypes_raise_eagers_errors():
     lp = torch.randn(4, 2, 5).log_softmax(-1)
     targets = torch.tensor([[1, 2], [1, 1]])

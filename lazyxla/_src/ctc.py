@@ -25,6 +25,7 @@ one graph (only the shapes and the longest target, which sizes `log_alpha`, are 
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import jax
@@ -153,8 +154,26 @@ register(torch.ops.lazyxla.ctc_loss.default, _forward, opmath=False)
 register(torch.ops.lazyxla.ctc_loss_backward.default, backward_rule, opmath=False)
 
 
+# Note [CTC uploads]
+# The lengths arrive as Python lists, and the forward and the backward kernel each need them on
+# the device: four uploads every step (the targets are moved once, by `F.ctc_loss` itself). Each
+# list of lengths is uploaded once per value instead (a speech model's batches repeat a few; most
+# steps upload none). The device tensors are this module's own, never written, so sharing one
+# between calls is safe.
+_LENGTHS: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+_LENGTHS_KEPT = 32
+
+
 def _lengths(values: Any, device: torch.device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.int64).to(device)
+    key = (tuple(int(v) for v in values), device)
+    t = _LENGTHS.get(key)
+    if t is None:
+        t = _LENGTHS[key] = torch.tensor(key[0], dtype=torch.int64).to(device)
+        if len(_LENGTHS) > _LENGTHS_KEPT:
+            _LENGTHS.popitem(last=False)
+    else:
+        _LENGTHS.move_to_end(key)
+    return t
 
 
 def _on_device(log_probs: torch.Tensor) -> bool:
