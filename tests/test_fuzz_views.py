@@ -61,6 +61,29 @@ def test_generated_programs_are_deterministic_on_eager():
     eager_vs_eager()
 
 
+def test_view_as_complex_is_not_drawn_on_float16():
+    """`view_as_complex` of a float16 tensor is complex32 on eager, a dtype XLA has no type for,
+    which lazyxla refuses by design (the campaign at seed 5550123 drew one): the generator draws
+    it on float32 pairs, or on another dtype for eager's error, never on float16."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from lazyxla.tools import fuzz_gen
+
+    @settings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(st.data())
+    def draw(data):
+        g = fuzz_gen._Gen(data.draw, st, autograd=False)
+        g.env["t0"], g.env["t1"] = torch.arange(2.0).half(), torch.arange(3, dtype=torch.int32)
+        g.names, g.counter = ["t0", "t1"], 2
+        fuzz_gen._gen_view(g, "view_as_complex")
+        assert not [op for op in g.ops if "(t0)" in op.expr], g.ops
+
+    draw()
+
+
 @pytest.mark.parametrize("kind", fz.ALL_KINDS)
 def test_kind_examples_on_eager(kind):
     for source in (fz.KIND_EXAMPLES[kind], fz.with_autograd(fz.KIND_EXAMPLES[kind])):
