@@ -206,8 +206,8 @@ def _upload(t: torch.Tensor, device: Any, copy: bool = True) -> jax.Array:
         # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
         # tensor stays writable by the user while jax buffers must never change. torch's copy,
         # not numpy's: it is 64-byte aligned (numpy's are 16), so the CPU backend adopts its
-        # memory instead of copying it a second time (a (1024, 1024) float32 upload: ~320 ->
-        # ~220 us), and a non-contiguous tensor is copied once, not twice.
+        # memory instead of copying it a second time (a (1024, 1024) float32 upload in
+        # bench/trace_overhead.py: 252 -> 224 us), and a non-contiguous tensor is copied once.
         if copy:
             t = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
         arr = device_put(to_numpy(t), device or default_device())
