@@ -100,9 +100,9 @@ def test_each_lengths_list_is_uploaded_once():
     """Note [CTC uploads]: the forward and the backward kernel share one upload of each lengths
     list, and a later step with the same lists uploads neither (they were four uploads a step);
     the losses and gradients stay eager's."""
-    from lazyxla._src import ctc
+    from lazyxla._src import runtime
 
-    ctc._LENGTHS.clear()  # (lists another test uploaded would be there already)
+    runtime._DATA_CACHE.clear()  # (lists another test uploaded would be there already)
     torch.manual_seed(0)
     cpu = torch.nn.Linear(4, C).double()
     lazy = torch.nn.Linear(4, C).double().to(dev)
@@ -134,6 +134,34 @@ def test_each_lengths_list_is_uploaded_once():
         uploads.append(n)
     assert uploads[0] - uploads[1] == 2, uploads  # the two lists, once each
     assert uploads[2] == uploads[0], uploads  # new lists: uploaded again
+
+
+def test_shared_lengths_survive_entering_and_leaving_spmd():
+    """The shared lengths (Note [CTC uploads]) are device arrays, not tensors: entering SPMD
+    moves every live tensor onto the mesh, and a kept one broke the next call after leaving it
+    (one-device and 8-device arguments in one graph). Plain, SPMD, plain again: eager's values."""
+    from lazyxla._src import sharding
+
+    def run(device):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(T, 3, C, generator=g).double()
+        x = x.to(device).requires_grad_()
+        targets = torch.randint(1, C, (3, 6), generator=g)
+        loss = F.ctc_loss(x.log_softmax(-1), targets.to(device), [12, 10, 5], [6, 4, 2])
+        (grad,) = torch.autograd.grad(loss, x)
+        return loss.detach().cpu(), grad.cpu()
+
+    ref = run("cpu")
+    for phase in ("plain", "spmd", "plain again"):
+        if phase == "spmd":
+            sharding.use_spmd()
+        try:
+            got = run(dev)
+        finally:
+            if phase == "spmd":
+                sharding._leave_spmd_for_tests()
+        torch.testing.assert_close(got[0], ref[0], msg=phase)
+        torch.testing.assert_close(got[1], ref[1], msg=phase)
 
 
 def test_bad_lengths_and_dtypes_raise_eagers_errors():

@@ -25,7 +25,6 @@ one graph (only the shapes and the longest target, which sizes `log_alpha`, are 
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import jax
@@ -33,9 +32,12 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from . import fallback
+from . import fallback, runtime
 from .dispatch import register_kernel
+from .ir import TensorSpec, device_data
 from .ops.registry import register
+from .sharding import is_spmd
+from .tensor import new_tensor
 
 aten = torch.ops.aten
 _NEG = -jnp.inf
@@ -157,23 +159,17 @@ register(torch.ops.lazyxla.ctc_loss_backward.default, backward_rule, opmath=Fals
 # Note [CTC uploads]
 # The lengths arrive as Python lists, and the forward and the backward kernel each need them on
 # the device: four uploads every step (the targets are moved once, by `F.ctc_loss` itself). Each
-# list of lengths is uploaded once per value instead (a speech model's batches repeat a few; most
-# steps upload none). The device tensors are this module's own, never written, so sharing one
-# between calls is safe.
-_LENGTHS: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
-_LENGTHS_KEPT = 32
-
-
+# list of lengths is instead uploaded once per value and shared through the device data cache
+# (Note [Device data cache] in runtime.py: never written, never donated); a speech model's
+# batches repeat a few lists, so most steps upload none. In SPMD mode a tensor waits on the host
+# for its sharding (Note [SPMD virtual device]): uploaded as before.
 def _lengths(values: Any, device: torch.device) -> torch.Tensor:
-    key = (tuple(int(v) for v in values), device)
-    t = _LENGTHS.get(key)
-    if t is None:
-        t = _LENGTHS[key] = torch.tensor(key[0], dtype=torch.int64).to(device)
-        if len(_LENGTHS) > _LENGTHS_KEPT:
-            _LENGTHS.popitem(last=False)
-    else:
-        _LENGTHS.move_to_end(key)
-    return t
+    host = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    if is_spmd():
+        return host.to(device)
+    spec = TensorSpec(tuple(host.shape), torch.int64)
+    arr = runtime.shared_upload(host, ("ctc lengths", host.numpy().tobytes(), spec))
+    return new_tensor((device_data(arr, spec), 0), spec)
 
 
 def _on_device(log_probs: torch.Tensor) -> bool:

@@ -187,6 +187,12 @@ def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> ja
     return _upload(t, device, copy)
 
 
+def shared_upload(t: torch.Tensor, key: tuple) -> jax.Array:
+    """`t` on the default device, shared through the device data cache under `key` (Note [Device
+    data cache]): for small host values a module uploads again and again and never writes."""
+    return _cached_upload(key, lambda: _upload(t, None, copy=False))
+
+
 def filled(value: int, shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
     """A device array of `shape` holding `value` (0 or 1) on the default device, shared through
     the device data cache (Note [Device data cache])."""
