@@ -182,15 +182,15 @@ def host_to_device(t: torch.Tensor, device: Any = None, copy: bool = True) -> ja
     private to the caller and never written again (jax may then keep its memory)."""
     n = t.numel()
     if n == 0 or (n == 1 and not t.is_complex()):
-        key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)  # bits: -0.0, NaNs
-        return _cached_upload(key, lambda: _upload(t, device, copy))
+        return shared_upload(t, device, copy)
     return _upload(t, device, copy)
 
 
-def shared_upload(t: torch.Tensor, key: tuple) -> jax.Array:
-    """`t` on the default device, shared through the device data cache under `key` (Note [Device
-    data cache]): for small host values a module uploads again and again and never writes."""
-    return _cached_upload(key, lambda: _upload(t, None, copy=False))
+def shared_upload(t: torch.Tensor, device: Any = None, copy: bool = True) -> jax.Array:
+    """`t` on `device`, shared through the device data cache by its bits (-0.0, NaNs), dtype and
+    shape (Note [Device data cache]): for small host values uploaded again and again."""
+    key = (to_numpy(t).tobytes(), t.dtype, tuple(t.shape), device)
+    return _cached_upload(key, lambda: _upload(t, device, copy))
 
 
 def filled(value: int, shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:

@@ -451,6 +451,13 @@ class _Run:
 
     def compare_grads(self, names: list[str]) -> None:
         eager, lazy = self.envs
+        kinds = sorted({k for k in map(kind_of, [o.expr for o in self.program.ops])})
+        # as_strided's backward over an input whose elements share locations (an expand's)
+        # divides each location's gradient by how many input elements read it, and the
+        # backward of what made the overlap sums those shares again: 7 / 6 summed six times
+        # is 6.9999995 on eager and 7.0 on lazyxla, 17 is 17.0 and 16.999998. Neither is the
+        # exact one; the sum's order differs (eager's CPU kernel against XLA's reduction).
+        divided = "as_strided" in kinds
         for n in self._tensor_names(names):
             e, z = eager[n], lazy[n]
             leaf_e, leaf_z = _get(e, _is_grad_leaf), _get(z, _is_grad_leaf)
@@ -470,13 +477,6 @@ class _Run:
                 )
                 continue
             gzc = gz.detach().cpu()
-            kinds = sorted({k for k in map(kind_of, [o.expr for o in self.program.ops])})
-            # as_strided's backward over an input whose elements share locations (an expand's)
-            # divides each location's gradient by how many input elements read it, and the
-            # backward of what made the overlap sums those shares again: 7 / 6 summed six times
-            # is 6.9999995 on eager and 7.0 on lazyxla, 17 is 17.0 and 16.999998. Neither is the
-            # exact one; the sum's order differs (eager's CPU kernel against XLA's reduction).
-            divided = "as_strided" in kinds
             if not _same_values(ge, gzc, divided):
                 self.add("grad", f"{n}.grad", _short(ge), _short(gzc), "+".join(kinds))
 
