@@ -423,6 +423,7 @@ def sync_states(
             # Nothing to run: wait for what earlier syncs dispatched, as torch_xla's sync barrier
             # does (a loop of `sync()` closed by `sync(wait=True)` returned before its last step).
             jax.block_until_ready(live_device_arrays())
+            metrics.observe_executions()
         return
     if not _allow_execution:
         raise ExecutionNotAllowed(
@@ -466,6 +467,7 @@ def _await_previous() -> None:
     while _inflight:
         outs = _inflight.pop()
         jax.block_until_ready([o for o in outs if not o.is_deleted()])
+    metrics.observe_executions()
 
 
 def _execute(
@@ -484,6 +486,7 @@ def _execute(
         metrics.metric_add("InputOutputAliasCount", sum(cap.donate))
     if _one_at_a_time():  # Note [One SPMD execution at a time on the CPU]
         _await_previous()
+    metrics.observe_executions()  # (those finished by now: Note [ExecuteTime])
     t0 = time.perf_counter_ns()
     outs = exe(*cap.args())
     index_error = None
@@ -496,7 +499,8 @@ def _execute(
     if wait:
         jax.block_until_ready(outs)
         metrics.metric_add("ExecuteTime", time.perf_counter_ns() - t0)
-    else:  # timed until the outputs are ready, off this thread (Note [ExecuteTime])
+        metrics.observe_executions()
+    else:  # timed when its outputs are seen ready (Note [ExecuteTime])
         metrics.time_when_ready("ExecuteTime", t0, outs)
     # torch_xla counts an SPMD program's execution as ExecuteReplicated (over every device).
     metrics.counter_inc("ExecuteReplicated" if sharding.is_spmd() else "ExecuteComputation")

@@ -275,6 +275,7 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
 
             arr = multihost_utils.process_allgather(arr, tiled=True)
         host = np.array(arr)  # a copy: jax buffers are immutable, torch tensors are not
+    metrics.observe_executions()  # (having waited for `arr`: Note [ExecuteTime])
     metrics.metric_add("InboundData", host.nbytes)
     bits = _BITS.get(dtype)
     if bits is not None and host.dtype == TORCH_TO_NP[dtype]:
