@@ -208,3 +208,49 @@ def test_a_loop_of_integer_reads_still_cuts_a_growing_graph():
     cuts = _count("ExecuteComputation") - runs
     assert 2 <= cuts <= 600 // 100, cuts  # cut every ~256 nodes, not at every read
     assert _count("UncachedCompile") - c <= 3  # the repeated cut, the remainder, a start
+
+
+def _downloads() -> int:
+    data = metrics.metric_data("TransferFromDeviceTime")
+    return data.total_samples if data else 0
+
+
+def test_a_small_device_array_is_read_from_its_host_copy_and_each_read_is_a_fresh_tensor():
+    """Note [Host values of device data] (runtime.py): an array's values, once on the host,
+    answer later reads without a transfer; large arrays and every value stay exact."""
+    bits = torch.tensor([-0.0, float("nan"), 1e-45, -3.5]).view(torch.int32)
+    bits[1] = 0x7FC00123  # a NaN with a payload: bits, not values, must survive
+    small = bits.view(torch.float32)
+    uploaded = small.to(DEV)
+    computed = torch.arange(6, device=DEV) * 3 + 1
+    lazyxla.sync(wait=True)
+    big = torch.randn(8192).to(DEV)
+    first = computed.cpu()  # a transfer: an execution's output seen for the first time
+    before = _downloads()
+    for _ in range(2):
+        got = uploaded.cpu()
+        assert torch.equal(got.view(torch.int32), small.view(torch.int32))
+        got.fill_(7)  # the caller's own copy: the next read is unchanged
+        assert torch.equal(computed.cpu(), first) and computed[2].item() == 7
+    assert _downloads() == before  # uploads and reads before: no transfer
+    assert torch.equal(big.cpu(), big.cpu()) and _downloads() == before + 2  # large: read each time
+    bf = torch.tensor([1.0, -0.0, 3.140625], dtype=torch.bfloat16)
+    dev_bf = bf.to(DEV)
+    assert torch.equal(dev_bf.cpu().view(torch.int16), bf.view(torch.int16))
+    assert _downloads() == before + 2
+
+
+def test_an_arrays_host_copy_goes_with_the_array():
+    from lazyxla._src import runtime
+
+    t = torch.arange(5, device=DEV) + 100
+    lazyxla.sync(wait=True)
+    t.cpu()
+    arr = state(t).value[0].data
+    assert id(arr) in runtime._host_values
+    key = id(arr)
+    del t, arr
+    import gc
+
+    gc.collect()
+    assert key not in runtime._host_values

@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -219,7 +220,37 @@ def _upload(t: torch.Tensor, device: Any, copy: bool = True) -> jax.Array:
         arr = device_put(to_numpy(t), device or default_device())
     metrics.metric_add("OutboundData", _bytes_placed(t, device))
     metrics.counter_inc("CreateDataHandles")
+    if device is None or isinstance(device, jax.Device):
+        _remember_host_value(arr, t)  # (`t` is private here: copied, or given with copy=False)
     return arr
+
+
+# Note [Host values of device data]
+# A device array never changes, so a small one's values, once on the host, answer every later
+# read of it without a transfer. transformers' `generate()` reads its input ids, its special
+# tokens and a few flags several times per call (Note [Small integer reads on the host]), and
+# uploads what it computed on the host to read it again: 12 downloads per call, half of them of
+# an array read before. So an upload to one device keeps its private host copy, and a download
+# keeps what it read, for arrays of at most `_HOST_VALUE_ELEMENTS` elements, as long as the array
+# lives (a weak reference drops the entry with it); a read returns a fresh copy, which the caller
+# may write. A deleted (donated) array is read as before, and fails as before. Such a read is not
+# a transfer: it adds nothing to TransferFromDeviceTime or InboundData.
+_HOST_VALUE_ELEMENTS = 4096
+_host_values: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _remember_host_value(arr: jax.Array, host: torch.Tensor) -> None:
+    if host.numel() > _HOST_VALUE_ELEMENTS:
+        return
+    key = id(arr)
+    _host_values[key] = (weakref.ref(arr, lambda _, key=key: _host_values.pop(key, None)), host)
+
+
+def _known_host_value(arr: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    entry = _host_values.get(id(arr))
+    if entry is None or entry[0]() is not arr or entry[1].dtype != dtype or arr.is_deleted():
+        return None
+    return entry[1].clone()
 
 
 # Note [Uploads to one device]
@@ -264,6 +295,9 @@ def _bytes_placed(t: torch.Tensor, device: Any) -> int:
 
 def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new, writable CPU tensor."""
+    known = _known_host_value(arr, dtype)  # Note [Host values of device data]
+    if known is not None:
+        return known
     if not isinstance(arr.sharding, jax.sharding.SingleDeviceSharding):
         # An SPMD array read whole (torch_xla's name for assembling sharded data on the host).
         metrics.counter_inc("ReplicateShardedData")
@@ -280,9 +314,15 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     bits = _BITS.get(dtype)
     if bits is not None and host.dtype == TORCH_TO_NP[dtype]:
         flat = host.reshape(-1).view(TORCH_TO_NP[bits])
-        return torch.from_numpy(flat).view(dtype).reshape(host.shape)
-    out = torch.from_numpy(host)  # (0-d too: a Python number would quiet a NaN, flush a denormal)
-    return out if out.dtype == dtype else out.to(dtype)
+        out = torch.from_numpy(flat).view(dtype).reshape(host.shape)
+    else:  # (0-d too: a Python number would quiet a NaN, flush a denormal)
+        out = torch.from_numpy(host)
+        out = out if out.dtype == dtype else out.to(dtype)
+    if out.numel() <= _HOST_VALUE_ELEMENTS and isinstance(
+        arr.sharding, jax.sharding.SingleDeviceSharding
+    ):
+        _remember_host_value(arr, out.clone())  # (`out` is the caller's to write)
+    return out
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> jax.Array:
