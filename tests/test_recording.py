@@ -576,3 +576,24 @@ def test_guarded_view_plans_replay_only_their_own_signature():
                 r.dtype,
             ), k
             assert torch.equal(o.cpu(), r), k
+
+
+def test_broadcast_shapes_agrees_with_torch():
+    """meta.broadcast_shapes replaces torch.broadcast_shapes on hot paths (SDPA's mask check,
+    the index-into-empty check): the same shapes, and an error for the same pairs."""
+    import itertools
+
+    from lazyxla._src.meta import broadcast_shapes
+
+    shapes = [(), (1,), (3,), (0,), (2, 1), (1, 3), (2, 3), (4, 1, 3), (0, 1), (1, 0), (5, 0, 3)]
+    for a, b in itertools.product(shapes, repeat=2):
+        try:
+            want = tuple(torch.broadcast_shapes(a, b))
+        except RuntimeError:
+            want = None
+        try:
+            got = broadcast_shapes(torch.Size(a), b)
+        except RuntimeError:
+            got = None
+        assert got == want, (a, b)
+    assert broadcast_shapes() == () and broadcast_shapes((2, 1), (1, 3), (4, 1, 1)) == (4, 2, 3)

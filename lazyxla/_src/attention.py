@@ -41,6 +41,7 @@ import torch
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from .meta import broadcast_shapes
 from .ops.registry import register
 
 aten = torch.ops.aten
@@ -570,7 +571,7 @@ def use_blockwise_sdpa(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool) -
         if attn_mask.dim() > q.dim() or attn_mask.dtype not in (torch.bool, q.dtype):
             return False
         try:
-            torch.broadcast_shapes(attn_mask.shape, (*q.shape[:-1], k.shape[-2]))
+            broadcast_shapes(attn_mask.shape, (*q.shape[:-1], k.shape[-2]))
         except RuntimeError:
             return False
     return q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
