@@ -35,9 +35,11 @@ from .tensor import DEVICE_TYPE, overlaps, read, state, write
 
 def cast_value(v: tuple[Node, int], spec: TensorSpec) -> tuple[Node, int]:
     """`v` converted to `spec` (dtype cast, then broadcast), as a write into `spec` needs."""
+    src = v[0].specs[v[1]]
+    if src.dtype == spec.dtype and src.shape == spec.shape:
+        return v  # (the common write: no rule needed, and no import on every call)
     from .ops.creation import convert_rule, expand_rule
 
-    src = v[0].specs[v[1]]
     if src.dtype != spec.dtype:
         v = emit(
             "aten::_to_copy",

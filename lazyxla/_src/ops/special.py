@@ -66,7 +66,13 @@ def _to_copy(
     non_blocking: bool = False,
     memory_format: Any = None,
 ) -> torch.Tensor:
-    target = torch.device(device) if device is not None else x.device
+    target = (
+        x.device
+        if device is None
+        else device
+        if isinstance(device, torch.device)
+        else torch.device(device)
+    )
     check_device(target)
     stride = _copy_layout(x, memory_format)
     if x.device.type != DEVICE_TYPE:  # host → device
