@@ -51,6 +51,7 @@ def to_dlpack(xla_tensor: torch.Tensor) -> Any:
         arr = arr.addressable_shards[0].data
     if runtime.is_shared_upload(arr):
         arr = jax.numpy.array(arr, copy=True)
+    runtime.shares_memory(arr)  # the consumer may write it: no host copy stands for it
     return arr.__dlpack__()
 
 
@@ -82,6 +83,7 @@ def from_dlpack(ext_tensor: Any) -> torch.Tensor:
         arr = runtime.host_to_device(host.contiguous())
     else:
         arr = jax.dlpack.from_dlpack(host, copy=None)  # aliases the buffer when it is aligned
+        runtime.shares_memory(arr)  # the producer may write it
     placement = upload_placement()  # SPMD mode: replicated over every device
     if placement is not None:
         arr = jax.device_put(arr, placement)

@@ -234,23 +234,42 @@ def _upload(t: torch.Tensor, device: Any, copy: bool = True) -> jax.Array:
 # keeps what it read, for arrays of at most `_HOST_VALUE_ELEMENTS` elements, as long as the array
 # lives (a weak reference drops the entry with it); a read returns a fresh copy, which the caller
 # may write. A deleted (donated) array is read as before, and fails as before. Such a read is not
-# a transfer: it adds nothing to TransferFromDeviceTime or InboundData.
+# a transfer: it adds nothing to TransferFromDeviceTime or InboundData. An array whose memory
+# another owner can write (shared through DLPack, Note [DLPack]) is read from the device every
+# time (`shares_memory`).
 _HOST_VALUE_ELEMENTS = 4096
-_host_values: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+# id(array) -> (a weak reference to it, its host value, or None: read it from the device)
+_host_values: dict[int, tuple[weakref.ref, torch.Tensor | None]] = {}
+
+
+def _entry(arr: Any, host: torch.Tensor | None) -> tuple[weakref.ref, torch.Tensor | None]:
+    key = id(arr)
+    return (weakref.ref(arr, lambda _, key=key: _host_values.pop(key, None)), host)
 
 
 def _remember_host_value(arr: jax.Array, host: torch.Tensor) -> None:
     if host.numel() > _HOST_VALUE_ELEMENTS:
         return
-    key = id(arr)
-    _host_values[key] = (weakref.ref(arr, lambda _, key=key: _host_values.pop(key, None)), host)
+    old = _host_values.get(id(arr))
+    if old is not None and old[0]() is arr and old[1] is None:
+        return  # (its memory is shared: never remembered)
+    _host_values[id(arr)] = _entry(arr, host)
+
+
+def shares_memory(arr: Any) -> None:
+    """`arr`'s memory may be written by another owner (DLPack): read it from the device always
+    (Note [Host values of device data])."""
+    _host_values[id(arr)] = _entry(arr, None)
 
 
 def _known_host_value(arr: Any, dtype: torch.dtype) -> torch.Tensor | None:
     entry = _host_values.get(id(arr))
-    if entry is None or entry[0]() is not arr or entry[1].dtype != dtype or arr.is_deleted():
+    if entry is None or entry[0]() is not arr:
         return None
-    return entry[1].clone()
+    host = entry[1]
+    if host is None or host.dtype != dtype or arr.is_deleted():
+        return None
+    return host.clone()
 
 
 # Note [Uploads to one device]

@@ -10,6 +10,7 @@ import torch.utils.dlpack as torch_dlpack
 
 import lazyxla
 import lazyxla.debug.metrics as met
+from lazyxla._src.tensor import state
 from lazyxla.utils import dlpack as xdlpack
 
 dev = lazyxla.device()
@@ -63,6 +64,25 @@ def test_export_of_a_cached_scalar_upload_is_a_private_copy():
     exported = torch_dlpack.from_dlpack(xdlpack.to_dlpack(a))
     exported.fill_(0)
     assert b.item() == 7.0
+    # b's device buffer itself, not a host copy of it (Note [Host values of device data])
+    assert float(np.asarray(state(b).value[0].data)) == 7.0
+
+
+def test_writes_through_shared_memory_are_seen_by_later_reads():
+    """Note [DLPack]: a write through the other side shows in the lazy tensor; no host copy of
+    the buffer (Note [Host values of device data]) may stand for it."""
+    cpu = torch.arange(6, dtype=torch.float32)
+    imported = xdlpack.from_dlpack(cpu)
+    assert imported.cpu().tolist() == [0, 1, 2, 3, 4, 5]
+    cpu.fill_(5)  # the producer writes its buffer
+    if state(imported).value[0].data.unsafe_buffer_pointer() == cpu.data_ptr():  # aliased
+        assert imported.cpu().tolist() == [5] * 6
+    t = torch.arange(4, device=dev) + 1
+    lazyxla.sync()
+    assert t.cpu().tolist() == [1, 2, 3, 4]
+    exported = torch_dlpack.from_dlpack(xdlpack.to_dlpack(t))
+    exported.fill_(9)  # the consumer writes the lazy tensor's buffer
+    assert t.cpu().tolist() == [9] * 4
 
 
 def test_import_compiles_nothing():
