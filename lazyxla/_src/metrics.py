@@ -196,8 +196,15 @@ class _SeenReady:
 
     def __init__(self) -> None:
         self.items: list[tuple[str, int, Any]] = []  # (metric, dispatch time, an output)
+        self.waits_at_exit = False
 
     def add(self, name: str, t0: int, arrays: Any) -> None:
+        if not self.waits_at_exit:
+            # An execution still running at interpreter exit must finish before the runtime is
+            # torn down under it (that crashed the process). Registered after the runtime
+            # started, so it runs before the runtime's own exit handler.
+            self.waits_at_exit = True
+            atexit.register(self.drain)
         probe = next((a for a in arrays if not a.is_deleted()), None)
         if probe is None:  # no output to wait on: done with the call
             metric_add(name, time.perf_counter_ns() - t0)

@@ -317,7 +317,8 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     known = _known_host_value(arr, dtype)  # Note [Host values of device data]
     if known is not None:
         return known
-    if not isinstance(arr.sharding, jax.sharding.SingleDeviceSharding):
+    one_device = isinstance(arr.sharding, jax.sharding.SingleDeviceSharding)
+    if not one_device:
         # An SPMD array read whole (torch_xla's name for assembling sharded data on the host).
         metrics.counter_inc("ReplicateShardedData")
     with metrics.timed("TransferFromDeviceTime"):
@@ -337,9 +338,7 @@ def device_to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     else:  # (0-d too: a Python number would quiet a NaN, flush a denormal)
         out = torch.from_numpy(host)
         out = out if out.dtype == dtype else out.to(dtype)
-    if out.numel() <= _HOST_VALUE_ELEMENTS and isinstance(
-        arr.sharding, jax.sharding.SingleDeviceSharding
-    ):
+    if one_device and out.numel() <= _HOST_VALUE_ELEMENTS:
         _remember_host_value(arr, out.clone())  # (`out` is the caller's to write)
     return out
 

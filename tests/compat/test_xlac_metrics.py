@@ -315,3 +315,21 @@ def test_input_output_alias_count_is_sampled_at_every_step_barrier():
     assert met.metric_data("InputOutputAliasCount")[:2] == (1, 0)
     (a + 1).cpu()  # a value read is not a step barrier
     assert met.metric_data("InputOutputAliasCount")[:2] == (1, 0)
+
+
+def test_a_process_exiting_with_an_execution_in_flight_exits_cleanly():
+    """Note [ExecuteTime]: nothing waits on an execution nobody reads, so exit waits for it;
+    tearing the runtime down under a running execution crashed the process (SIGSEGV)."""
+    code = textwrap.dedent(
+        """
+        import torch, lazyxla
+        a = torch.randn(700, 700).to(lazyxla.device())
+        for _ in range(12):
+            a = torch.tanh(a @ a / 700)
+        lazyxla.sync()  # dispatched; the process exits at once
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
