@@ -66,13 +66,7 @@ def _to_copy(
     non_blocking: bool = False,
     memory_format: Any = None,
 ) -> torch.Tensor:
-    target = (
-        x.device
-        if device is None
-        else device
-        if isinstance(device, torch.device)
-        else torch.device(device)
-    )
+    target = torch.device(device) if device is not None else x.device
     check_device(target)
     stride = _copy_layout(x, memory_format)
     if x.device.type != DEVICE_TYPE:  # host → device
