@@ -32,19 +32,31 @@ from typing import Any
 import torch
 
 from . import analysis, collectives, donation, fallback, graph, metrics, random_state, read_sync
+from .config import FLAGS
 from .ir import (
     DEVICE_DATA,
     SCALAR,
     Node,
     Ref,
     TensorSpec,
+    _user_frame,
     intern_desc,
+    node_with_desc,
     post_order,
     scalar,
     structure_key,
 )
 from .lower import Program
-from .tensor import DEVICE_TYPE, new_tensor, next_seq, read, retire_since, state, write
+from .tensor import (
+    DEVICE_TYPE,
+    new_tensor,
+    next_seq,
+    read,
+    retire_since,
+    state,
+    storage_nbytes,
+    write,
+)
 from .trace_host import GRAPH_INPUT, HostProgram, Tracer, input_rule, tensors_in
 from .writes import non_overlapping_and_dense
 
@@ -67,6 +79,7 @@ _skip_lazyxla_frames()
 
 
 _ARG, _CONST, _HOST, _RNG = (object() for _ in range(4))  # a leaf's feed (Trace.feeds)
+_REPLAY = "xla::dynamo_graph"  # the op of a replay's node
 
 
 class _Leaf:
@@ -223,8 +236,17 @@ class Trace:
         body = self.program.function()
         self.rule = lambda *arrays: tuple(body(list(arrays[:-1]), []))
         self.n_roots = len(roots)
-        # A replay node's static arguments: one reference per leaf, then the graph's id.
+        # A replay node's static arguments: one reference per leaf, then the graph's id. Its
+        # descriptor is interned here, once: hashing those arguments again on every replay cost
+        # ~40 us (a GPT-2 step's graphs take ~70 inputs each).
         self.node_args = (*(Ref(i) for i in range(len(self.leaves))), self.id)
+        self.desc = Node(_REPLAY, self.rule, (), self.node_args, (), self.out_specs).desc
+        # (root, spec, strides, storage bytes) of each output a replay makes a tensor for
+        self.out_tensors: list[tuple[int, TensorSpec, tuple[int, ...] | None, int]] = []
+        for i, stride in self.tensor_roots.items():
+            spec = self.out_specs[i]
+            nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
+            self.out_tensors.append((i, spec, stride, nbytes))
 
     def replay(self, args: Sequence[Any], sync: bool, states: list[Any]) -> Any:
         """Splice this trace into the lazy IR as one node over `args` (whose lazy states,
@@ -260,13 +282,15 @@ class Trace:
                     offset_pairs[i] = random_state.next_offset()
                 seed, off = offset_pairs[i]
                 inputs.append((scalar(seed if v.kind == "rng_seed" else off, torch.int64), 0))
-        node = Node(
-            "xla::dynamo_graph", self.rule, tuple(inputs), self.node_args, (), self.out_specs
+        node = node_with_desc(
+            _REPLAY, self.rule, tuple(inputs), self.node_args, (), self.out_specs, self.desc
         )
+        if FLAGS.ir_debug:
+            node.src = _user_frame()
         t1 = time.perf_counter_ns()
-        specs = self.out_specs
         outs: dict[int, torch.Tensor] = {
-            i: new_tensor((node, i), specs[i], stride) for i, stride in self.tensor_roots.items()
+            i: new_tensor((node, i), spec, stride, nbytes)
+            for i, spec, stride, nbytes in self.out_tensors
         }
         metrics.metric_add("RunCachedGraphInputData", t1 - t0)
         metrics.metric_add("RunCachedGraphOutputData", time.perf_counter_ns() - t1)

@@ -282,9 +282,18 @@ def device_data(array: Any, spec: TensorSpec, sharding: Any = None) -> Node:
     return _leaf_with_desc(DEVICE_DATA, hit, array)
 
 
+_SCALAR_DESCS: dict[torch.dtype, tuple[int, tuple[TensorSpec, ...]]] = {}
+
+
 def scalar(value: Any, dtype: torch.dtype) -> Node:
-    """A Python scalar lifted to a graph input (its value is not in the key)."""
-    return Node(SCALAR, None, (), (), (), (TensorSpec((), dtype),), data=value)
+    """A Python scalar lifted to a graph input (its value is not in the key); its descriptor
+    looked up per dtype, as `device_data`'s per spec."""
+    hit = _SCALAR_DESCS.get(dtype) if not FLAGS.ir_debug else None
+    if hit is None:
+        n = Node(SCALAR, None, (), (), (), (TensorSpec((), dtype),), data=value)
+        _SCALAR_DESCS[dtype] = (n.desc, n.specs)
+        return n
+    return _leaf_with_desc(SCALAR, hit, value)
 
 
 def rng_scalar(value: int, role: str, pair: int) -> Node:
