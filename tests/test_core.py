@@ -164,6 +164,9 @@ def test_an_upload_to_one_device_is_jax_device_puts_array(host, monkeypatch):
     monkeypatch.undo()
     bits = [x.contiguous().reshape(-1).view(torch.uint8) for x in (t.cpu(), host)]
     assert torch.equal(*bits)
+    # The device buffer itself, not a host copy of it (Note [Host values of device data])
+    bits = [np.asarray(a).reshape(-1).view(np.uint8) for a in (arr, expected)]
+    assert np.array_equal(*bits)
 
 
 @pytest.mark.parametrize("flush_denormal", [False, True], ids=["", "flush-denormal"])

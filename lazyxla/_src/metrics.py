@@ -93,7 +93,12 @@ def metric_add(name: str, value: float) -> None:
         m.accumulator += value
 
 
-_tls = threading.local()
+class _ThreadRenames(threading.local):
+    # A class default: a missing thread-local attribute costs ~1.5 us (an AttributeError).
+    renames: dict[str, str] = {}  # (read, and replaced; never written in place)
+
+
+_tls = _ThreadRenames()
 # Names a mode records under (SPMD mode: an execution is torch_xla's ExecuteReplicatedTime).
 mode_renames: dict[str, str] = {}
 
@@ -101,7 +106,8 @@ mode_renames: dict[str, str] = {}
 def _renamed(name: str) -> str:
     """`name` as recorded now: eager mode's name inside `renamed`, else the mode's."""
     name = mode_renames.get(name, name)
-    return getattr(_tls, "renames", {}).get(name, name)
+    renames = _tls.renames
+    return renames.get(name, name) if renames else name
 
 
 class renamed:
@@ -113,7 +119,7 @@ class renamed:
         self.names = names
 
     def __enter__(self) -> renamed:
-        self.saved = getattr(_tls, "renames", {})
+        self.saved = _tls.renames
         _tls.renames = {**self.saved, **self.names}
         return self
 

@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -144,7 +145,11 @@ def local_devices() -> list[jax.Device]:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor (bfloat16 through its bit pattern); shares its memory."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return _numpy_view(t.detach().resolve_conj().resolve_neg().contiguous())
+
+
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """`to_numpy` of a contiguous tensor that is not a conjugate or negative view."""
     bits = _BITS.get(t.dtype)
     if bits is not None:
         return t.view(bits).numpy().view(TORCH_TO_NP[t.dtype])
@@ -209,15 +214,21 @@ def is_shared_upload(arr: Any) -> bool:
 
 
 def _upload(t: torch.Tensor, device: Any, copy: bool = True) -> jax.Array:
-    with metrics.timed("TensorToData"), metrics.timed("TransferToDeviceTime"):
-        # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
-        # tensor stays writable by the user while jax buffers must never change. torch's copy,
-        # not numpy's: it is 64-byte aligned (numpy's are 16), so the CPU backend adopts its
-        # memory instead of copying it a second time (a (1024, 1024) float32 upload in
-        # bench/trace_overhead.py: 252 -> 224 us), and a non-contiguous tensor is copied once.
-        if copy:
-            t = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
-        arr = device_put(to_numpy(t), device or default_device())
+    t0 = time.perf_counter_ns()
+    # A copy: on the CPU backend device_put may alias an aligned numpy buffer, and the host
+    # tensor stays writable by the user while jax buffers must never change. torch's copy, not
+    # numpy's: it is 64-byte aligned (numpy's are 16), so the CPU backend adopts its memory
+    # instead of copying it a second time (a (1024, 1024) float32 upload in
+    # bench/trace_overhead.py: 252 -> 224 us; having the runtime copy the user's buffer during
+    # the call instead, `HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL`, measured slower, 160
+    # -> 200 us), and a non-contiguous tensor is copied once.
+    t = t.detach().resolve_conj().resolve_neg()
+    if copy or not t.is_contiguous():
+        t = t.clone(memory_format=torch.contiguous_format)
+    arr = device_put(_numpy_view(t), device or default_device())
+    elapsed = time.perf_counter_ns() - t0  # (one interval, two of torch_xla's metrics)
+    metrics.metric_add("TensorToData", elapsed)
+    metrics.metric_add("TransferToDeviceTime", elapsed)
     metrics.metric_add("OutboundData", _bytes_placed(t, device))
     metrics.counter_inc("CreateDataHandles")
     if device is None or isinstance(device, jax.Device):
@@ -280,12 +291,18 @@ def _known_host_value(arr: Any, dtype: torch.dtype) -> torch.Tensor | None:
 # value and the device's sharding, as jax's own path ends up doing for such an upload; an upload
 # over a sharding (SPMD) takes jax.device_put. (jax is pinned: `_put_direct` is its private
 # transfer entry, checked at import and by the tests; without it every upload takes
-# jax.device_put.)
+# jax.device_put.) Its abstract value is cached per shape and dtype (~10 us of jax's checks).
 try:
     from jax._src import core as _jax_core
     from jax._src.interpreters.pxla import batched_device_put as _put_direct
 except ImportError:  # pragma: no cover (another jax layout)
     _put_direct = None
+
+
+@functools.lru_cache(maxsize=4096)
+def _aval(shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """The abstract value of an upload: building one runs ~10 us of jax's checks."""
+    return _jax_core.ShapedArray(shape, dtype)
 
 
 @functools.cache
@@ -297,8 +314,7 @@ def device_put(host: np.ndarray, device: Any) -> jax.Array:
     """`host` on `device` (a jax device or a sharding); see Note [Uploads to one device]."""
     if _put_direct is None or not isinstance(device, jax.Device):
         return jax.device_put(host, device)
-    aval = _jax_core.ShapedArray(host.shape, host.dtype)
-    return _put_direct(aval, _device_sharding(device), [host], [device])
+    return _put_direct(_aval(host.shape, host.dtype), _device_sharding(device), [host], [device])
 
 
 def _bytes_placed(t: torch.Tensor, device: Any) -> int:
