@@ -431,6 +431,94 @@ def test_host_writes_in_an_unfunctionalized_graph_are_read_in_order():
         assert c.item() == c_ref.item()
 
 
+@pytest.mark.parametrize("through", ["itself", "a view"])
+def test_a_fresh_host_value_written_after_a_device_op_read_it(through):
+    """Note [Host reads taken before a write]: a host value computed in the graph, read by a device
+    op and then written in place (directly or through a view), is the value the op read (dynamo's
+    own graph, as `extract_compiled_graph` takes it: not functionalized)."""
+    from lazyxla._src.dynamo import extract_compiled_graph
+
+    def f(x, c):
+        d = c * 2
+        w = d if through == "itself" else d.view(1)
+        y = x * d
+        w.add_(1)
+        return y + x * d
+
+    compiled = torch.compile(f, backend=lambda gm, ex: extract_compiled_graph(gm, ex))
+    x = torch.arange(3.0)
+    for v in (1.0, 2.0, 3.0):
+        c = torch.tensor(v)
+        torch.testing.assert_close(compiled(x.to(dev), c).cpu(), f(x, c.clone()))
+
+
+def test_which_host_reads_a_later_step_can_change():
+    """Note [Host reads taken before a write], on aten graphs as AOTAutograd hands them over: a
+    fresh result is copied only when a later op may write it or view it (its schema says so)."""
+    import operator
+
+    from lazyxla._src.trace_host import _may_change
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    copied = g.call_function(aten.add.Tensor, (x, 1))
+    g.call_function(aten.copy_.default, (x, copied))  # (read, not written: x is)
+    written = g.call_function(aten.add.Tensor, (x, 1))
+    g.call_function(aten.add_.Tensor, (written, 1))
+    viewed = g.call_function(aten.mul.Tensor, (x, 2))
+    view = g.call_function(aten.view.default, (viewed, [-1]))
+    g.call_function(aten.add_.Tensor, (view, 1))
+    summed = g.call_function(aten.sum.default, (x,))
+    g.call_function(aten.add.Tensor, (summed, y))  # (only read)
+    counts = g.call_function(aten._foreach_add.Scalar, ([x, y], 1))
+    c0 = g.call_function(operator.getitem, (counts, 0))
+    c1 = g.call_function(operator.getitem, (counts, 1))
+    g.call_function(aten.copy_.default, (x, c0))
+    g.call_function(aten._foreach_mul_.Scalar, ([c1], 2))
+    other = g.call_function(aten.neg.default, (x,))
+    g.call_method("add_", (other, 1))  # (not an aten op: assumed to write)
+    g.output(None)
+    assert not _may_change(copied, None)
+    assert _may_change(written, None)
+    assert _may_change(viewed, None)  # written through a view
+    assert not _may_change(summed, None)
+    assert _may_change(x, None)  # an argument: not fresh
+    assert not _may_change(c0, None) and not _may_change(counts, 0)
+    assert _may_change(c1, None) and _may_change(counts, 1)
+    assert _may_change(other, None)
+
+
+def test_an_adamw_steps_host_part_copies_no_step_count():
+    """AdamW's step counts, fresh results the replay reads and then copies back into the
+    optimizer's tensors, are read without a copy each (Note [Host reads taken before a write])."""
+    from lazyxla._src import trace_host
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(3, 4).to(dev)).sum().backward()
+    programs = []
+    run = trace_host.HostProgram.run
+
+    def record(self, args):
+        programs.append(self)
+        return run(self, args)
+
+    step = torch.compile(opt.step, backend="lazyxla")
+    trace_host.HostProgram.run = record
+    try:
+        for _ in range(2):
+            step()
+    finally:
+        trace_host.HostProgram.run = run
+    assert programs
+    for p in programs:
+        targets = [n.target for n in p.fn.graph.nodes]
+        assert torch.ops.aten.copy_.default in targets  # (the counts are written back)
+        assert torch.ops.aten.clone.default not in targets
+    assert [s["step"].item() for s in opt.state.values()] == [2.0] * 4
+
+
 def test_a_graph_writing_its_inputs_runs_once_per_call():
     """The inputs a replay writes (a static KV cache, BatchNorm's running stats) are synced with its
     outputs: left pending, each ran again, in a graph of its own, before the next call."""
