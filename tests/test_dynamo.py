@@ -452,6 +452,46 @@ def test_a_fresh_host_value_written_after_a_device_op_read_it(through):
         torch.testing.assert_close(compiled(x.to(dev), c).cpu(), f(x, c.clone()))
 
 
+def test_a_compiled_foreach_steps_equal_constants_are_one_argument():
+    """Note [A trace's constant scalars]: AdamW's betas, one per parameter in its foreach ops, are
+    each one argument of the step's executable, and the steps match eager's (distinct constants,
+    0.0 and -0.0 among them, stay apart)."""
+    from lazyxla._src import graph
+    from lazyxla._src.ir import SCALAR
+
+    def make(device):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
+
+    torch._dynamo.reset()  # (AdamW.step's code is compiled by other tests: a fresh cache)
+    ref, model = make("cpu"), make(dev)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.01, betas=(0.9, 0.999))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.999))
+    step = torch.compile(opt.step, backend="lazyxla", options={"sync": False})
+    x = torch.randn(3, 4)
+    for i in range(3):
+        for m, o, s in ((ref, opt_ref, opt_ref.step), (model, opt, step)):
+            o.zero_grad()
+            m(x.to(next(m.parameters()).device)).sum().backward()
+            s()
+        if i == 2:
+            cap = graph.Capture(graph.pending_states(None))
+            betas = [n for n in cap.nodes if n.op == SCALAR and n.data in (0.9, 0.999)]
+            assert sorted(n.data for n in betas) == [0.9, 0.999]
+        lazyxla.sync()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
+
+    from lazyxla._src.dynamo import _scalar_key
+    from lazyxla._src.ir import scalar
+
+    f32 = torch.float32
+    keys = [_scalar_key(scalar(v, f32)) for v in (0.0, -0.0, 2.0, 2, True, 1)]
+    assert len(set(keys)) == len(keys)  # (-0.0 is not 0.0; an int is not a float or a bool)
+    assert _scalar_key(scalar(float("nan"), f32)) is None
+    assert _scalar_key(scalar(2.0, torch.float64)) != _scalar_key(scalar(2.0, f32))
+
+
 def test_which_host_reads_a_later_step_can_change():
     """Note [Host reads taken before a write], on aten graphs as AOTAutograd hands them over: a
     fresh result is copied only when a later op may write it or view it (its schema says so)."""
@@ -494,6 +534,7 @@ def test_an_adamw_steps_host_part_copies_no_step_count():
     optimizer's tensors, are read without a copy each (Note [Host reads taken before a write])."""
     from lazyxla._src import trace_host
 
+    torch._dynamo.reset()  # (AdamW.step's code is compiled by other tests: a fresh cache)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(3, 4).to(dev)).sum().backward()

@@ -25,6 +25,7 @@ CPU tensor arguments are read on every call: see Note [Host values in a trace] i
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -91,6 +92,23 @@ class _Leaf:
         self.kind = kind  # "arg" | "host" | "const" | "rng_seed" | "rng_offset"
         self.arg = arg
         self.node = node
+
+
+# Note [A trace's constant scalars]
+# The Python numbers of a traced graph are lifted scalars (Note [Scalars seen again]), and a
+# replay feeds each the node it was traced with: the same value on every call. A foreach
+# optimizer's graph has one per parameter for each of its constants (a 2-layer GPT-2's AdamW step:
+# 0.9, 0.999 and 0.1 each 28 times, 86 of its 117 scalars), and each was one more argument of the
+# step's executable, converted and passed on every call. Equal constants (same dtype, type and
+# value, -0.0 apart from 0.0; never a NaN) are fed one shared node: one argument each.
+def _scalar_key(n: Node) -> tuple | None:
+    v = n.data
+    t = type(v)
+    if t is float:
+        return None if v != v else (n.specs[0].dtype, t, v, math.copysign(1.0, v))
+    if t is int or t is bool:
+        return (n.specs[0].dtype, t, v)
+    return None
 
 
 def _eager_layout(t: torch.Tensor) -> tuple[int, ...] | None:
@@ -206,6 +224,7 @@ class Trace:
         pos = {id(n): i for i, n in enumerate(nodes)}
         leaves = [n for n in nodes if n.op in (GRAPH_INPUT, DEVICE_DATA, SCALAR)]
         self.leaves: list[_Leaf] = []
+        shared: dict[tuple, Node] = {}  # Note [A trace's constant scalars]
         for n in leaves:
             if n.op == GRAPH_INPUT:
                 host = tracer.input_nodes.get(id(n)) if tracer is not None else None
@@ -214,7 +233,9 @@ class Trace:
                 self.leaves.append(_Leaf(n.meta[0], node=n))
             else:
                 n.meta = donation.KEEP  # replayed every call: never donate its buffer
-                self.leaves.append(_Leaf("const", node=n))
+                key = _scalar_key(n) if n.op == SCALAR else None
+                fed = n if key is None else shared.setdefault(key, n)
+                self.leaves.append(_Leaf("const", node=fed))
         # How replay feeds each leaf: (kind, argument index | (node, 0) | host index | leaf)
         self.feeds: list[tuple[object, Any]] = [
             (_ARG, leaf.arg)
