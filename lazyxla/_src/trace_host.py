@@ -306,7 +306,9 @@ def _is_getitem(n: torch.fx.Node) -> bool:
 
 def _allocates(n: torch.fx.Node) -> bool:
     """An op whose results are new tensors: it writes none of its inputs, aliases none."""
-    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return False
+    if not isinstance(n.target, torch._ops.OpOverload):
         return False
     schema = n.target._schema
     return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
