@@ -241,6 +241,31 @@ def test_loop_order_dependent_copy_into_overlapping_view_raises():
         w.copy_(torch.arange(16.0).reshape(4, 4).to(DEV))
 
 
+def test_a_partial_store_through_a_narrower_view_of_an_expand_raises():
+    """Note [Overlapping writes]: a masked fill through an int16 view of an expanded int32 tensor
+    (the view fuzzer's program) wrote garbage: the aliases fill different halves of one int32,
+    and the merge back through the expand took one alias's whole element. It raises now; the same
+    fills at the expand's own dtype match eager, and so does a fill that writes every element."""
+
+    def program(device, narrow):
+        t0 = torch.arange(8, dtype=torch.int32).reshape(2, 4).to(device, copy=True)
+        t1 = t0.expand(3, -1, -1)
+        t0.masked_fill_(torch.ones(4, dtype=torch.bool).to(device), -1)
+        t3 = t1.view(torch.int16) if narrow else t1
+        mask = torch.arange(t3.numel()).reshape(t3.shape) % 3 == 0
+        t3.masked_fill_(mask.to(device), 0)
+        return t0
+
+    with pytest.raises(RuntimeError, match="narrower dtype"):
+        program(DEV, narrow=True)
+    assert torch.equal(program(DEV, narrow=False).cpu(), program("cpu", narrow=False))
+    x = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    y = x.to(DEV)
+    x.expand(3, -1, -1).view(torch.int16).fill_(7)
+    y.expand(3, -1, -1).view(torch.int16).fill_(7)
+    assert torch.equal(y.cpu(), x)
+
+
 def test_view_dtype_reinterprets_bits():
     f = torch.tensor([1.0, -2.0])
     lz = f.to(DEV)

@@ -107,8 +107,14 @@ def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes:
 # order. That is the copy autograd makes (CopySlices) in the backward of a fill of such a view:
 # `t.unfold(0, 4, 2).zero_(); t.sum().backward()` copies zeros_like(grad) into the same windows
 # of the gradient. A copy whose aliases could get different values (a masked fill's gradient)
-# raises, naming the loop order, instead of picking one.
+# raises, naming the loop order, instead of picking one. A store that writes some elements only
+# (masked_fill_, index_put_) is merged back through an expand per element of the expanded tensor:
+# each location takes the last alias that changed it. Through a view of a narrower dtype (an int16
+# view of an expanded int32 tensor), aliases change different parts of one element, and picking
+# one alias's element lost the others' parts (a masked fill wrote garbage, found by the view
+# fuzzer); such a write raises instead (_SUB_ELEMENT).
 _OVERLAP_OK = frozenset({"fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_"})
+_PARTIAL_STORES = frozenset({"masked_fill_", "index_put_", "_index_put_impl_"})
 # Nodes whose output holds one value in every element.
 _ONE_VALUE_OPS = frozenset(
     f"aten::{name}"
@@ -184,21 +190,32 @@ _LOOP_ORDER = (
     "depends on that order unless the source holds one value; lazyxla only takes such a source "
     "(a fill, zeros). clone() the view first, or write the base tensor."
 )
+_SUB_ELEMENT = (
+    "a masked_fill_ or index_put_ into a view whose elements share memory locations, through a "
+    "view of a narrower dtype than the tensor it views (an int16 view of an expanded int32 "
+    "tensor): its aliases would write different parts of one element, which lazyxla does not "
+    "merge. clone() the view first, or write the tensor of the expand's dtype."
+)
 _PARTIAL_OVERLAP = (
     "unsupported operation: some elements of the input tensor and the written-to tensor refer "
     "to a single memory location. Please clone() the tensor before performing the operation."
 )
 
 
-def _check_overlap(vals: list[Any], specs: list[ArgSpec], writes: list[int], ok: bool) -> None:
+def _check_overlap(
+    vals: list[Any], specs: list[ArgSpec], writes: list[int], ok: bool, partial: bool = False
+) -> None:
     for i in writes:
         t = vals[i]
         if not isinstance(t, torch.Tensor) or t.device.type != DEVICE_TYPE:
             continue
         ts = state(t)
         root = ts.base or ts
-        if ts.base is not None and not ok and overlaps(tuple(t.shape), t.stride()):
-            raise RuntimeError(_INTERNAL_OVERLAP)
+        if ts.base is not None and overlaps(tuple(t.shape), t.stride()):
+            if not ok:
+                raise RuntimeError(_INTERNAL_OVERLAP)
+            if partial and t.element_size() < ts.base.spec.dtype.itemsize:
+                raise RuntimeError(_SUB_ELEMENT)
         for j, s in enumerate(specs):
             if j in writes or s.kind not in (TENSOR, OPT_TENSOR):
                 continue
@@ -228,6 +245,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     # (view) twin, their result replaces the tensor instead of being written into it.
     reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
     overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
+    partial_store = op._schema.name.split("::", 1)[1] in _PARTIAL_STORES
     foreach = len(writes) == 1 and specs[writes[0]].is_list_write
     # `out=` arguments (not `self` of an in-place op) take the result's shape, as eager's
     # resize_output gives them
@@ -295,7 +313,7 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
                 infer(op, specs, vals)
             _check_casts(out_struct, vals, specs, writes)
             infer(op, specs, vals)
-        _check_overlap(vals, specs, writes, overlap_ok)
+        _check_overlap(vals, specs, writes, overlap_ok, partial_store)
         # The results are written straight from the node's outputs: no lazy tensor is made for
         # a value only written into another (Adam's foreach ops: 1/4 of their recording time).
         node, out = record(
