@@ -112,7 +112,8 @@ def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes:
 # each location takes the last alias that changed it. Through a view of a narrower dtype (an int16
 # view of an expanded int32 tensor), aliases change different parts of one element, and picking
 # one alias's element lost the others' parts (a masked fill wrote garbage, found by the view
-# fuzzer); such a write raises instead (_SUB_ELEMENT).
+# fuzzer); such a write raises instead (_SUB_ELEMENT). A narrower view below the aliasing one
+# (an expand of a tensor's imaginary part) merges at its own elements, and is not refused.
 _OVERLAP_OK = frozenset({"fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_"})
 _PARTIAL_STORES = frozenset({"masked_fill_", "index_put_", "_index_put_impl_"})
 # Nodes whose output holds one value in every element.
@@ -202,6 +203,21 @@ _PARTIAL_OVERLAP = (
 )
 
 
+_ALIASING_VIEWS = frozenset({"aten::expand", "aten::unfold", "aten::as_strided"})
+
+
+def _narrower_than_its_aliases(t: torch.Tensor, ts: Any) -> bool:
+    """Whether view `t`'s elements are narrower than those of a view in its chain that can make
+    aliases (an int16 view of an expanded int32 tensor; not an expand of an int16 view)."""
+    size = t.element_size()
+    v = ts.base.value
+    for op in ts.chain:
+        if op.name in _ALIASING_VIEWS and v[0].specs[v[1]].dtype.itemsize > size:
+            return True
+        v = op.apply(v)
+    return False
+
+
 def _check_overlap(
     vals: list[Any], specs: list[ArgSpec], writes: list[int], ok: bool, partial: bool = False
 ) -> None:
@@ -214,7 +230,7 @@ def _check_overlap(
         if ts.base is not None and overlaps(tuple(t.shape), t.stride()):
             if not ok:
                 raise RuntimeError(_INTERNAL_OVERLAP)
-            if partial and t.element_size() < ts.base.spec.dtype.itemsize:
+            if partial and _narrower_than_its_aliases(t, ts):
                 raise RuntimeError(_SUB_ELEMENT)
         for j, s in enumerate(specs):
             if j in writes or s.kind not in (TENSOR, OPT_TENSOR):
