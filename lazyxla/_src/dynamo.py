@@ -175,7 +175,7 @@ class Trace:
         # The roots a replay makes a tensor for (its outputs, a host write's source, the token),
         # each with the strides eager gives it (None: contiguous). Roots that only write an input
         # need no tensor of their own: an optimizer step writes hundreds.
-        self.tensor_roots: dict[int, tuple[int, ...] | None] = {}
+        tensor_roots: dict[int, tuple[int, ...] | None] = {}
         self.out_plan: list[tuple[str, Any]] = []
         host_outs = []
         for o, fx_node in zip(outs, out_nodes):
@@ -192,7 +192,7 @@ class Trace:
                     self.out_plan.append(("arg", v[0].args[0]))
                 else:
                     self.out_plan.append(("out", len(roots)))
-                    self.tensor_roots[len(roots)] = _eager_layout(o)
+                    tensor_roots[len(roots)] = _eager_layout(o)
                     roots.append(v)
             else:
                 self.out_plan.append(("py", o))
@@ -208,7 +208,7 @@ class Trace:
         self.host_writes: list[tuple[int, int]] = []
         for i, ph in tracer.written_args() if tracer is not None else ():
             self.host_writes.append((i, len(roots)))
-            self.tensor_roots[len(roots)] = None
+            tensor_roots[len(roots)] = None
             roots.append(read(state(ph)))
         self.host = None
         if tracer is not None and (
@@ -218,7 +218,7 @@ class Trace:
         self.token_root = -1
         if self.collectives:
             self.token_root = len(roots)
-            self.tensor_roots[len(roots)] = None
+            tensor_roots[len(roots)] = None
             roots.append(read(state(token_out)))
         nodes = post_order([n for n, _ in roots])
         pos = {id(n): i for i, n in enumerate(nodes)}
@@ -264,7 +264,7 @@ class Trace:
         self.desc = Node(_REPLAY, self.rule, (), self.node_args, (), self.out_specs).desc
         # (root, spec, strides, storage bytes) of each output a replay makes a tensor for
         self.out_tensors: list[tuple[int, TensorSpec, tuple[int, ...] | None, int]] = []
-        for i, stride in self.tensor_roots.items():
+        for i, stride in tensor_roots.items():
             spec = self.out_specs[i]
             nbytes = storage_nbytes(spec.shape, stride, spec.dtype.itemsize)
             self.out_tensors.append((i, spec, stride, nbytes))

@@ -114,8 +114,8 @@ def _check_casts(out_struct: Any, vals: list[Any], specs: list[ArgSpec], writes:
 # one alias's element lost the others' parts (a masked fill wrote garbage, found by the view
 # fuzzer); such a write raises instead (_SUB_ELEMENT). A narrower view below the aliasing one
 # (an expand of a tensor's imaginary part) merges at its own elements, and is not refused.
-_OVERLAP_OK = frozenset({"fill_", "zero_", "masked_fill_", "index_put_", "_index_put_impl_"})
 _PARTIAL_STORES = frozenset({"masked_fill_", "index_put_", "_index_put_impl_"})
+_OVERLAP_OK = _PARTIAL_STORES | {"fill_", "zero_"}
 # Nodes whose output holds one value in every element.
 _ONE_VALUE_OPS = frozenset(
     f"aten::{name}"
@@ -259,9 +259,10 @@ def inplace_kernel(op: OpOverload, functional: OpOverload, lw: Lowering) -> Call
     n_returns = len(op._schema.returns)
     # In-place ops that change a tensor's shape, not its values: derived from their functional
     # (view) twin, their result replaces the tensor instead of being written into it.
-    reshapes = op._schema.name.split("::", 1)[1] in _METADATA_INPLACE
-    overlap_ok = op._schema.name.split("::", 1)[1] in _OVERLAP_OK
-    partial_store = op._schema.name.split("::", 1)[1] in _PARTIAL_STORES
+    short_name = op._schema.name.split("::", 1)[1]
+    reshapes = short_name in _METADATA_INPLACE
+    overlap_ok = short_name in _OVERLAP_OK
+    partial_store = short_name in _PARTIAL_STORES
     foreach = len(writes) == 1 and specs[writes[0]].is_list_write
     # `out=` arguments (not `self` of an in-place op) take the result's shape, as eager's
     # resize_output gives them
